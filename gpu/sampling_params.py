@@ -65,7 +65,9 @@ class SamplingParams:
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < -1 or int(self.top_k) != self.top_k:
-            raise ValueError(f"top_k must be -1, 0 (disabled) or a positive integer, got {self.top_k}")
+            raise ValueError(
+                f"top_k must be -1, 0 (disabled) or a positive integer, got {self.top_k}"
+            )
         if self.top_k == -1:
             self.top_k = 0
         if not 0.0 <= self.min_p <= 1.0:

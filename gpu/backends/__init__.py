@@ -1,0 +1,38 @@
+"""Backends: the same Llama forward on numpy (cpu) or on Numba kernels + cuBLAS (cuda)."""
+
+from __future__ import annotations
+
+from gpu.backends.base import Backend
+
+
+def cuda_available() -> bool:
+    """True when numba-cuda is installed and sees an NVIDIA GPU (never raises)."""
+    try:
+        from numba import cuda
+
+        return bool(cuda.is_available())
+    except Exception:
+        return False
+
+
+def get_backend(device: str = "auto") -> Backend:
+    """ "cpu", "cuda", or "auto" (cuda when a GPU is there, else cpu)."""
+    if device == "auto":
+        device = "cuda" if cuda_available() else "cpu"
+    if device == "cpu":
+        from gpu.backends.cpu import CpuBackend
+
+        return CpuBackend()
+    if device == "cuda":
+        if not cuda_available():
+            raise RuntimeError(
+                "device 'cuda' asked for, but no NVIDIA GPU is visible to numba-cuda "
+                "(install tinychat[cuda] on a machine with a GPU, or use --device cpu)"
+            )
+        from gpu.backends.cuda import CudaBackend
+
+        return CudaBackend()
+    raise ValueError(f"unknown device {device!r}: use cpu, cuda or auto")
+
+
+__all__ = ["Backend", "cuda_available", "get_backend"]

@@ -1,0 +1,107 @@
+"""The operations a Llama forward is made of: the contract between the model and a backend.
+
+`gpu/model.py` writes the forward once in terms of these; `backends/cpu.py` implements them in
+numpy (float32) and is the oracle; `backends/cuda/` implements them with Numba kernels and
+cuBLAS. Every op writes into an `out` buffer the caller allocated once with `empty`, so the
+same sequence of calls can be captured into a CUDA graph and replayed with no allocation.
+
+Dtypes: the residual stream, projection outputs and logits are float32 ("f32"); the inputs of
+matrix products are the backend's activation dtype ("act": float32 on the CPU, bf16 on the
+GPU); ids, positions and slots are int32.
+
+KV cache layout, per layer: k_cache and v_cache of shape [num_blocks, block_size, num_kv_heads,
+head_dim]. Token t of a sequence lives in block `block_table[t // block_size]` at offset
+`t % block_size`; its flat slot is block * block_size + offset (`slot_mapping`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+
+from gpu.forward_batch import ForwardBatch
+from gpu.sampling import SamplingMetadata
+
+Array = Any  # a numpy array on the cpu backend, a Numba device array on the cuda backend
+
+
+class Backend(Protocol):
+    name: str  # "cpu" | "cuda"
+
+    # --- memory -------------------------------------------------------------------------
+    def empty(self, shape: tuple[int, ...], dtype: str) -> Array:
+        """A buffer of "f32", "act" or "int32" elements, allocated once."""
+
+    def weight(self, array: np.ndarray, kind: str) -> Array:
+        """Place a float32 (or bf16-bits uint16) host array on the backend.
+
+        kind "matrix": a [N, K] projection (stored as "act"); "vector": a norm weight (f32);
+        "embedding": the [V, H] token table (stored as "act").
+        """
+
+    def allocate_kv_cache(
+        self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int
+    ) -> list[tuple[Array, Array]]:
+        """One (k_cache, v_cache) pair per layer."""
+
+    def to_host(self, array: Array) -> np.ndarray: ...
+
+    def synchronize(self) -> None: ...
+
+    # --- the forward --------------------------------------------------------------------
+    def embed(self, input_ids: Array, table: Array, out: Array) -> None:
+        """out[t] = table[input_ids[t]] (as float32)."""
+
+    def rmsnorm(self, x: Array, weight: Array, eps: float, out: Array) -> None:
+        """out = x / sqrt(mean(x**2) + eps) * weight, row by row."""
+
+    def add_rmsnorm(self, x: Array, residual: Array, weight: Array, eps: float, out: Array) -> None:
+        """residual += x; out = rmsnorm(residual) (one pass: the add is fused)."""
+
+    def linear(self, x: Array, w: Array, out: Array) -> None:
+        """out = x @ w.T for x [T, K] and w [N, K] (PyTorch's nn.Linear layout)."""
+
+    def rope_kv_write(
+        self,
+        qkv: Array,
+        positions: Array,
+        cos: Array,
+        sin: Array,
+        k_cache: Array,
+        v_cache: Array,
+        slot_mapping: Array,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+    ) -> None:
+        """Rotate q and k of each row of qkv [T, (nh + 2 nkv) * hd] in place (rotate-half), and
+        write k and v into the caches at slot_mapping (rows with a negative slot are skipped)."""
+
+    def attention(
+        self,
+        qkv: Array,
+        k_cache: Array,
+        v_cache: Array,
+        batch: ForwardBatch,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        out: Array,
+    ) -> None:
+        """Causal attention of the q part of qkv over each sequence's paged context.
+
+        Query row j of sequence b sits at position seq_lens[b] - q_len_b + j and attends to
+        context positions 0..that position. GQA: query head h reads KV head h // (nh // nkv).
+        out [T, nh * hd].
+        """
+
+    def silu_mul(self, gate_up: Array, out: Array) -> None:
+        """out = silu(gate) * up where gate_up [T, 2I] = [gate | up]."""
+
+    def gather_rows(self, x: Array, indices: Array, out: Array) -> None:
+        """out[i] = x[indices[i]]."""
+
+    def sample(self, logits: Array, metadata: SamplingMetadata) -> np.ndarray:
+        """One token id per row of logits [S, V]; returns a host int32 array."""

@@ -1,0 +1,28 @@
+"""Engine settings (vLLM's names where vLLM has one)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EngineConfig:
+    block_size: int = 16  # tokens per KV block
+    max_num_seqs: int = 256  # sequences running at once
+    max_num_batched_tokens: int | None = None  # token budget of one step (None: per backend)
+    max_model_len: int | None = None  # context length (None: the model's, capped by the cache)
+    num_kv_blocks: int | None = None  # None: sized from memory
+    gpu_memory_utilization: float = 0.9  # fraction of the GPU's memory tinychat may use
+    cpu_kv_cache_bytes: int = 1 << 30  # the cpu backend's KV cache (vLLM's CPU KV space)
+    enable_prefix_caching: bool = True
+    seed: int = 0  # seeds the seeds of requests that bring none
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError("block_size must be positive")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_kv_blocks"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be positive, got {value}")

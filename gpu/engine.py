@@ -1,0 +1,220 @@
+"""The engine: requests in, tokens out, one `step()` at a time.
+
+    add_request -> Scheduler (which sequences, how many tokens) -> BlockManager (KV blocks)
+    -> ModelRunner (flat batch) -> executor (forward + sampler on the backend)
+    -> output processor (append, detokenize, stop) -> RequestOutput
+
+It knows nothing of the backend beyond the executor, so the same engine runs on numpy and on
+the GPU. Everything here is single-threaded; `EngineThread` runs it in the background.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from gpu.block_manager import BlockManager
+from gpu.config import EngineConfig
+from gpu.model_runner import Executor, ModelRunner
+from gpu.output_processor import append_token, make_output
+from gpu.outputs import EngineStats, RequestOutput, StepStats
+from gpu.sampling_params import SamplingParams
+from gpu.scheduler import Scheduler
+from gpu.sequence import Sequence, SequenceStatus
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        executor: Executor,
+        tokenizer: Any,
+        model_config: Any,
+        num_kv_blocks: int,
+        max_model_len: int,
+        config: EngineConfig,
+        eos_token_ids: frozenset[int] = frozenset(),
+        model_name: str = "",
+        device: str = "cpu",
+    ) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.model_config = model_config
+        self.model_name = model_name
+        self.device = device
+        self.block_size = config.block_size
+        self.num_kv_blocks = num_kv_blocks
+        # A sequence may never need more blocks than the whole cache holds.
+        self.max_model_len = min(max_model_len, num_kv_blocks * config.block_size)
+        self.eos_token_ids = eos_token_ids
+        self.block_manager = BlockManager(
+            num_kv_blocks, config.block_size, config.enable_prefix_caching
+        )
+        max_tokens = config.max_num_batched_tokens or 2048
+        self.scheduler = Scheduler(
+            self.block_manager, config.max_num_seqs, max_tokens, self.max_model_len
+        )
+        self.runner = ModelRunner(executor, config.block_size)
+        self.requests: dict[str, Sequence] = {}
+        self._ids = itertools.count()
+        self._seed_rng = np.random.default_rng(config.seed)
+        self._pending: list[RequestOutput] = []  # outputs of aborts, delivered by the next step
+        self._recent: deque[tuple[float, int]] = deque()  # (time, tokens generated) per step
+        self.last_step = StepStats()
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.num_kv_blocks * self.block_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model_config.vocab_size
+
+    # --- requests -------------------------------------------------------------------------
+    def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        arrival_time: float | None = None,
+        add_special_tokens: bool = True,
+    ) -> str:
+        """Queue a request (a text prompt, or token ids). Raises ValueError for a bad prompt."""
+        params = params or SamplingParams()
+        if isinstance(prompt, str):
+            text: str | None = prompt
+            if self.tokenizer is None:
+                raise ValueError("this engine has no tokenizer: pass token ids")
+            token_ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+        else:
+            text, token_ids = None, [int(t) for t in prompt]
+        if not token_ids:
+            raise ValueError("the prompt is empty")
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"the prompt is {len(token_ids)} tokens, but the context is "
+                f"{self.max_model_len} tokens (and the reply needs at least one more)"
+            )
+        if min(token_ids) < 0 or max(token_ids) >= self.vocab_size:
+            raise ValueError(f"token ids must be in [0, {self.vocab_size})")
+        request_id = request_id if request_id is not None else str(next(self._ids))
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        seed = params.seed
+        if seed is None:
+            seed = int(self._seed_rng.integers(0, 2**63))
+        detok = None
+        if params.detokenize and self.tokenizer is not None:
+            from weights import IncrementalDetokenizer
+
+            detok = IncrementalDetokenizer(
+                self.tokenizer, skip_special_tokens=params.skip_special_tokens
+            )
+        seq = Sequence(
+            request_id,
+            text,
+            token_ids,
+            params,
+            seed=seed,
+            arrival_time=arrival_time if arrival_time is not None else time.monotonic(),
+            eos_token_ids=self.eos_token_ids,
+            max_model_len=self.max_model_len,
+            detokenizer=detok,
+        )
+        self.requests[request_id] = seq
+        self.scheduler.add(seq)
+        return request_id
+
+    def abort_request(self, request_id: str | list[str]) -> None:
+        """Stop requests now and free their blocks; each gets a final "abort" output."""
+        ids = [request_id] if isinstance(request_id, str) else request_id
+        for rid in ids:
+            seq = self.requests.pop(rid, None)
+            if seq is None:
+                continue
+            seq.finish_reason = "abort"
+            self.scheduler.finish(seq)
+            out = make_output(seq, finished=True)
+            if out is not None:
+                self._pending.append(out)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests) or bool(self._pending)
+
+    # --- the step -------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run the model once, sample, and report what changed."""
+        outputs, self._pending = self._pending, []
+        t0 = time.monotonic()
+        sched = self.scheduler.schedule()
+        if not sched.scheduled:
+            return outputs
+        for seq, _ in sched.scheduled:
+            if seq.metrics.first_scheduled_time is None:
+                seq.metrics.first_scheduled_time = t0
+        try:
+            sampled, tokens = self.runner.run(sched)
+        except Exception as exc:  # fail this step's requests, keep the engine alive
+            return outputs + self._fail([s for s, _ in sched.scheduled], exc)
+
+        for seq, n in sched.scheduled:
+            seq.num_computed_tokens += n
+            self.block_manager.register_full_blocks(seq)
+        now = time.monotonic()
+        for seq, token in zip(sampled, tokens.tolist(), strict=True):
+            append_token(seq, token, now)
+            finished = seq.finish_reason is not None
+            if finished:
+                self.scheduler.finish(seq)
+                del self.requests[seq.request_id]
+            out = make_output(seq, finished)
+            if out is not None:
+                outputs.append(out)
+
+        self.last_step = StepStats(
+            batch_size=len(sched.scheduled),
+            num_prefill_tokens=sched.num_prefill_tokens,
+            num_decode_tokens=sched.num_decode_tokens,
+            step_time=now - t0,
+        )
+        self._recent.append((now, len(sampled)))
+        while self._recent and now - self._recent[0][0] > 2.0:
+            self._recent.popleft()
+        return outputs
+
+    def _fail(self, seqs: list[Sequence], exc: Exception) -> list[RequestOutput]:
+        message = f"engine error: {type(exc).__name__}: {exc}"
+        outputs = []
+        for seq in seqs:
+            if seq.status is SequenceStatus.FINISHED:
+                continue
+            seq.finish_reason, seq.error = "error", message
+            self.scheduler.finish(seq)
+            self.requests.pop(seq.request_id, None)
+            out = make_output(seq, finished=True)
+            if out is not None:
+                outputs.append(out)
+        return outputs
+
+    # --- metrics --------------------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        bm = self.block_manager
+        rate = 0.0
+        if len(self._recent) >= 2:
+            span = self._recent[-1][0] - self._recent[0][0]
+            if span > 0:
+                rate = sum(n for _, n in list(self._recent)[1:]) / span
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            kv_blocks_used=bm.num_used_blocks,
+            kv_blocks_total=bm.num_blocks,
+            prefix_cache_queries=bm.prefix_queries,
+            prefix_cache_hits=bm.prefix_hits,
+            num_preemptions=self.scheduler.num_preemptions,
+            tokens_per_s=rate,
+            last_step=self.last_step,
+        )

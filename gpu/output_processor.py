@@ -1,0 +1,105 @@
+"""After sampling: append each new token, detokenize it, check the stop conditions and decide
+what text may be shown.
+
+Stop strings are never shown, even when they arrive split over several tokens: while a request
+runs, the last (longest stop string - 1) characters are held back, since they could be the start
+of a stop string; they are released when the request ends without one.
+"""
+
+from __future__ import annotations
+
+import time
+
+from gpu.outputs import CompletionOutput, RequestOutput
+from gpu.sampling_params import RequestOutputKind
+from gpu.sequence import Sequence
+
+
+def append_token(seq: Sequence, token: int, now: float) -> None:
+    """Add one sampled token to seq and finish it if a stop condition holds."""
+    params = seq.params
+    seq.append_token(token)
+    m = seq.metrics
+    if m.first_token_time is None:
+        m.first_token_time = now
+    m.last_token_time = now
+    m.num_generated_tokens += 1
+    n_out = seq.num_output_tokens
+
+    if n_out >= params.min_tokens:
+        if not params.ignore_eos and token in seq.eos_token_ids:
+            seq.finish_reason = "stop"
+        elif token in params.all_stop_token_ids:
+            seq.finish_reason, seq.stop_reason = "stop", token
+    if seq.finish_reason is None and params.detokenize and seq.detokenizer is not None:
+        before = len(seq.output_text)
+        seq.output_text += seq.detokenizer.add(token)
+        if params.stop_strings and n_out >= params.min_tokens:
+            _check_stop_strings(seq, before)
+    if seq.finish_reason is None:
+        if params.max_tokens is not None and n_out >= params.max_tokens:
+            seq.finish_reason = "length"
+        elif seq.num_tokens >= seq.max_model_len:
+            seq.finish_reason = "length"
+
+
+def _check_stop_strings(seq: Sequence, new_from: int) -> None:
+    """Cut the text at the first stop string that ends in the new characters."""
+    text = seq.output_text
+    longest = max(len(s) for s in seq.params.stop_strings)
+    search_from = max(0, new_from - longest + 1)
+    best = -1
+    for stop in seq.params.stop_strings:
+        i = text.find(stop, search_from)
+        if i != -1 and (best == -1 or i < best):
+            best, seq.stop_reason = i, stop
+    if best != -1:
+        seq.output_text = text[:best]
+        seq.finish_reason = "stop"
+
+
+def visible_text_end(seq: Sequence) -> int:
+    """How much of output_text may be shown now (all of it once the request is done)."""
+    if seq.finish_reason is not None or not seq.params.stop_strings:
+        return len(seq.output_text)
+    hold = max(len(s) for s in seq.params.stop_strings) - 1
+    return max(seq.num_text_sent, len(seq.output_text) - hold)
+
+
+def make_output(seq: Sequence, finished: bool) -> RequestOutput | None:
+    """The RequestOutput to deliver for seq now, per its output kind (None: nothing to say)."""
+    kind = seq.params.output_kind
+    if kind is RequestOutputKind.FINAL_ONLY and not finished:
+        return None
+    end = visible_text_end(seq)
+    if kind is RequestOutputKind.DELTA:
+        text = seq.output_text[seq.num_text_sent : end]
+        token_ids = seq.output_token_ids[seq.num_tokens_sent :]
+        if not text and not token_ids and not finished:
+            return None
+    else:
+        text = seq.output_text[:end]
+        token_ids = list(seq.output_token_ids)
+    seq.num_text_sent = end
+    seq.num_tokens_sent = seq.num_output_tokens
+    if finished:
+        seq.metrics.finished_time = time.monotonic()
+    seq.metrics.num_cached_tokens = seq.num_cached_tokens
+    return RequestOutput(
+        request_id=seq.request_id,
+        prompt=seq.prompt,
+        prompt_token_ids=seq.prompt_token_ids,
+        outputs=[
+            CompletionOutput(
+                index=0,
+                text=text,
+                token_ids=token_ids,
+                finish_reason=seq.finish_reason if finished else None,
+                stop_reason=seq.stop_reason if finished else None,
+            )
+        ],
+        finished=finished,
+        metrics=seq.metrics,
+        error=seq.error,
+        num_cached_tokens=seq.num_cached_tokens,
+    )

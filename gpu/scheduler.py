@@ -1,0 +1,150 @@
+"""The scheduler: which sequences run in the next step, and how many of their tokens.
+
+Continuous batching (vLLM's v1 scheduler, simplified): there is no separate prefill phase.
+Each step has a token budget. Running sequences that are decoding get their one token first,
+so streams already flowing never stall; then sequences that are part-way through their prompt
+get a chunk; then waiting requests are admitted first come, first served, each taking a chunk
+of what budget is left (chunked prefill: a long prompt is spread over several steps instead of
+freezing everyone else for one long step).
+
+When the KV cache has no block for a running sequence, the most recently admitted sequence is
+preempted: its blocks are freed and it goes back to the front of the waiting queue, to be
+recomputed later (its prompt and the tokens it already generated are prefilled again, mostly
+from the prefix cache).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from gpu.block_manager import BlockManager
+from gpu.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class SchedulerOutput:
+    """The step's work: (sequence, number of new tokens to compute), decodes first."""
+
+    scheduled: list[tuple[Sequence, int]] = field(default_factory=list)
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_tokens
+
+
+class Scheduler:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+    ) -> None:
+        if max_num_batched_tokens < 1 or max_num_seqs < 1:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in admission order: the last is the newest
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        bm = self.block_manager
+        scheduled_ids: set[int] = set()
+
+        # 1. decodes, then 2. prefill chunks of admitted sequences, oldest first.
+        for decoding in (True, False):
+            for seq in list(self.running):
+                if budget == 0:
+                    break
+                if seq.status is not SequenceStatus.RUNNING or id(seq) in scheduled_ids:
+                    continue
+                remaining = seq.num_tokens - seq.num_computed_tokens
+                if (remaining == 1) != decoding:
+                    continue
+                n = min(remaining, budget)
+                while not bm.allocate(seq, n):
+                    victim = self.running[-1]
+                    budget += self._preempt(victim, out)
+                    if victim is seq:
+                        break
+                if seq.status is not SequenceStatus.RUNNING:
+                    continue
+                out.scheduled.append((seq, n))
+                scheduled_ids.add(id(seq))
+                budget -= n
+                if decoding:
+                    out.num_decode_tokens += n
+                else:
+                    out.num_prefill_tokens += n
+
+        # 3. admit waiting requests while there is budget, room and memory (not after a
+        # preemption: memory is short, let the running ones finish first).
+        while self.waiting and budget > 0 and not out.preempted:
+            if len(self.running) >= self.max_num_seqs:
+                break
+            seq = self.waiting[0]
+            cached = bm.find_cached_prefix(seq)
+            n = min(seq.num_tokens - len(cached) * bm.block_size, budget)
+            if not bm.admit(seq, cached, n):
+                break
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.scheduled.append((seq, n))
+            budget -= n
+            if seq.num_tokens - seq.num_computed_tokens == 1:
+                out.num_decode_tokens += n
+            else:
+                out.num_prefill_tokens += n
+        return out
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> int:
+        """Recompute-style preemption: drop seq's KV and queue it first among the waiting.
+
+        Returns the tokens it had already been given this step (back into the budget)."""
+        self.running.remove(seq)
+        reclaimed = 0
+        for i, (s, n) in enumerate(out.scheduled):
+            if s is seq:  # it was already given tokens this step: take them back
+                del out.scheduled[i]
+                reclaimed = n
+                if seq.num_tokens - seq.num_computed_tokens == 1:
+                    out.num_decode_tokens -= n
+                else:
+                    out.num_prefill_tokens -= n
+                break
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_computed_tokens = 0
+        self.waiting.appendleft(seq)
+        out.preempted.append(seq)
+        self.num_preemptions += 1
+        return reclaimed
+
+    def finish(self, seq: Sequence) -> None:
+        """Remove a finished or aborted sequence and free its blocks at once."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+            self.block_manager.free(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            try:
+                self.waiting.remove(seq)
+            except ValueError:
+                pass
+            self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED

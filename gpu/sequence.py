@@ -1,0 +1,113 @@
+"""One request's state as the engine tracks it: its tokens, how many of them are in the KV
+cache, the blocks that hold them, and what has been shown to the user so far."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from gpu.outputs import RequestMetrics
+from gpu.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = enum.auto()  # not admitted yet, or preempted and waiting to be recomputed
+    RUNNING = enum.auto()  # holds KV blocks; prefilling in chunks or decoding
+    FINISHED = enum.auto()
+
+
+class Sequence:
+    """A request: prompt tokens, then the tokens sampled so far.
+
+    `num_computed_tokens` counts the leading tokens whose K and V are in the cache. While it is
+    below `num_tokens` the sequence is prefilling (in chunks); when the last token is computed,
+    the step samples the next one, which is then the only uncomputed token (decode).
+    """
+
+    __slots__ = (
+        "request_id",
+        "prompt",
+        "prompt_token_ids",
+        "output_token_ids",
+        "token_ids",
+        "params",
+        "status",
+        "num_computed_tokens",
+        "num_cached_tokens",
+        "block_table",
+        "block_hashes",
+        "seed",
+        "detokenizer",
+        "output_text",
+        "num_text_sent",
+        "num_tokens_sent",
+        "finish_reason",
+        "stop_reason",
+        "error",
+        "metrics",
+        "eos_token_ids",
+        "max_model_len",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        seed: int,
+        arrival_time: float,
+        eos_token_ids: frozenset[int],
+        max_model_len: int,
+        detokenizer: Any = None,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.token_ids: list[int] = list(prompt_token_ids)  # prompt + output, kept together
+        self.params = params
+        self.status = SequenceStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prompt tokens found in the prefix cache at admission
+        self.block_table: list[int] = []
+        self.block_hashes: list[int] = []  # chained hashes of the full blocks registered so far
+        self.seed = seed
+        self.detokenizer = detokenizer
+        self.output_text = ""
+        self.num_text_sent = 0  # characters of output_text already streamed
+        self.num_tokens_sent = 0  # output tokens already streamed
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        self.error: str | None = None
+        self.metrics = RequestMetrics(
+            arrival_time=arrival_time, num_prompt_tokens=len(prompt_token_ids)
+        )
+        self.eos_token_ids = eos_token_ids
+        self.max_model_len = max_model_len
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def append_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.token_ids.append(token_id)
+
+    def __repr__(self) -> str:
+        return (
+            f"Sequence({self.request_id!r}, {self.status.name}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens}, blocks={self.block_table})"
+        )
