@@ -158,7 +158,7 @@ class LLMEngine:
         try:
             sampled, tokens = self.runner.run(sched)
         except Exception as exc:  # fail this step's requests, keep the engine alive
-            return outputs + self._fail([s for s, _ in sched.scheduled], exc)
+            return outputs + self.fail_requests([s for s, _ in sched.scheduled], exc)
 
         for seq, n in sched.scheduled:
             seq.num_computed_tokens += n
@@ -185,7 +185,7 @@ class LLMEngine:
             self._recent.popleft()
         return outputs
 
-    def _fail(self, seqs: list[Sequence], exc: Exception) -> list[RequestOutput]:
+    def fail_requests(self, seqs: list[Sequence], exc: Exception) -> list[RequestOutput]:
         message = f"engine error: {type(exc).__name__}: {exc}"
         outputs = []
         for seq in seqs:

@@ -1,0 +1,278 @@
+"""The `tinychat` command.
+
+    tinychat                      the chat app (the default model is fetched on first run)
+    tinychat generate "message"   one reply, streamed to stdout (or one JSON object)
+    tinychat pull [MODEL | x.gguf] fetch and convert the default model, or convert a GGUF
+    tinychat history              past chats (reopen one with `tinychat --resume ID`)
+    tinychat bench                the benchmark (see BENCHMARKS.md)
+
+Bad input (a missing or broken model, a prompt longer than the context, a bad option value)
+ends with a one-line message and a non-zero exit status, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+
+EXIT_ERROR = 1
+EXIT_INTERRUPTED = 130
+
+
+def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="a model folder, a Hugging Face repo id in the local HF cache, or a .gguf file "
+        "(default: SmolLM2-135M-Instruct, fetched on first use)",
+    )
+    parser.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="where the model runs (auto: cuda if an NVIDIA GPU is present)",
+    )
+    parser.add_argument("--max-model-len", type=int, default=None, help="context length cap")
+
+
+def _add_sampling_arguments(parser: argparse.ArgumentParser, max_tokens: int | None) -> None:
+    parser.add_argument("--max-tokens", type=int, default=max_tokens, help="new tokens at most")
+    parser.add_argument("--temperature", type=float, default=None, help="0 is greedy")
+    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--min-p", type=float, default=None)
+    parser.add_argument("--repetition-penalty", type=float, default=None)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--system", default=None, help="a system prompt")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tinychat", description="Chat with a local LLM in your terminal."
+    )
+    _add_model_arguments(parser)
+    try:
+        from chat_app.app import add_app_arguments
+    except ImportError:  # the app is optional for the other subcommands
+        add_app_arguments = None
+    if add_app_arguments is not None:
+        add_app_arguments(parser)
+    sub = parser.add_subparsers(dest="command")
+
+    gen = sub.add_parser("generate", help="generate one reply and print it")
+    gen.add_argument("message", help="the user message (or the raw prompt with --raw)")
+    _add_model_arguments(gen)
+    _add_sampling_arguments(gen, max_tokens=256)
+    gen.add_argument("--raw", action="store_true", help="plain completion, no chat template")
+    gen.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    gen.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-sequence")
+
+    pull = sub.add_parser("pull", help="fetch the default model or convert a GGUF file")
+    pull.add_argument("model", nargs="?", default=None, help="a .gguf file (default: SmolLM2)")
+
+    sub.add_parser("history", help="list past chats")
+
+    bench = sub.add_parser("bench", help="measure tokens per second (see BENCHMARKS.md)")
+    try:
+        from gpu.benchmark import add_bench_arguments
+    except ImportError:
+        add_bench_arguments = None
+    if add_bench_arguments is not None:
+        add_bench_arguments(bench)
+    return parser
+
+
+class ProgressPrinter:
+    """Progress of a download or conversion as one rewritten line on stderr."""
+
+    def __init__(self) -> None:
+        self._last_stage = ""
+        self._last_time = 0.0
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        final = total and done >= total
+        if stage == self._last_stage and now - self._last_time < 0.1 and not final:
+            return
+        self._last_time = now
+        if stage != self._last_stage and self._last_stage:
+            sys.stderr.write("\n")
+        self._last_stage = stage
+        if total:
+            sys.stderr.write(f"\r{stage}: {done}/{total} ({100 * done // total}%)")
+        else:
+            sys.stderr.write(f"\r{stage}...")
+        sys.stderr.flush()
+
+    def finish(self) -> None:
+        if self._last_stage:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+            self._last_stage = ""
+
+
+def sampling_params_from_args(args: argparse.Namespace, generation_config=None):
+    """SamplingParams from the command line, with the model's generation_config defaults."""
+    from gpu import SamplingParams
+
+    def pick(name: str, default):
+        value = getattr(args, name, None)
+        if value is not None:
+            return value
+        if generation_config is not None and getattr(generation_config, name, None) is not None:
+            return getattr(generation_config, name)
+        return default
+
+    return SamplingParams(
+        temperature=pick("temperature", 0.0),
+        top_p=pick("top_p", 1.0),
+        top_k=pick("top_k", 0),
+        min_p=pick("min_p", 0.0),
+        repetition_penalty=pick("repetition_penalty", 1.0),
+        seed=getattr(args, "seed", None),
+        max_tokens=getattr(args, "max_tokens", None),
+        ignore_eos=getattr(args, "ignore_eos", False),
+    )
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from gpu import EngineConfig, RequestOutputKind
+    from gpu.loader import create_engine
+
+    progress = ProgressPrinter()
+    params = sampling_params_from_args(args)  # validate options before loading anything
+    engine = create_engine(
+        args.model,
+        args.device,
+        EngineConfig(max_model_len=args.max_model_len, max_num_seqs=8),
+        progress=progress,
+    )
+    progress.finish()
+    tok = engine.tokenizer
+    if args.raw:
+        prompt_ids = tok.encode(args.message, add_special_tokens=True)
+    else:
+        messages = []
+        if args.system:
+            messages.append({"role": "system", "content": args.system})
+        messages.append({"role": "user", "content": args.message})
+        prompt_ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    params.output_kind = RequestOutputKind.DELTA
+    request_id = engine.add_request(prompt_ids, params)
+    text_parts: list[str] = []
+    output_ids: list[int] = []
+    finish_reason = None
+    first = last = None
+    try:
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                delta = out.outputs[0]
+                now = time.monotonic()
+                if delta.token_ids:
+                    first = first or now
+                    last = now
+                output_ids += delta.token_ids
+                text_parts.append(delta.text)
+                if not args.json and delta.text:
+                    sys.stdout.write(delta.text)
+                    sys.stdout.flush()
+                if out.finished:
+                    finish_reason = delta.finish_reason
+    except KeyboardInterrupt:
+        engine.abort_request(request_id)
+        raise
+    tokens_per_s = (len(output_ids) - 1) / (last - first) if last and last > first else 0.0
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "model": engine.model_name,
+                    "prompt_ids": prompt_ids,
+                    "output_ids": output_ids,
+                    "text": "".join(text_parts),
+                    "finish_reason": finish_reason,
+                    "tokens_per_s": round(tokens_per_s, 2),
+                },
+                ensure_ascii=False,
+            )
+        )
+    else:
+        sys.stdout.write("\n")
+        sys.stderr.write(
+            f"[{len(output_ids)} tokens, {tokens_per_s:.1f} tok/s, finish: {finish_reason}]\n"
+        )
+    return 0
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from weights import resolve_model
+
+    progress = ProgressPrinter()
+    folder = resolve_model(args.model, progress)
+    progress.finish()
+    print(folder)
+    return 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from chat_app.history import print_history
+
+    return print_history(args)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from gpu.benchmark import run_bench
+
+    return run_bench(args)
+
+
+def cmd_app(args: argparse.Namespace) -> int:
+    from chat_app.app import run_app
+
+    if args.model is None or args.model.endswith(".gguf"):
+        from weights import resolve_model
+
+        progress = ProgressPrinter()  # fetch before the UI opens, so progress is visible
+        args.model = str(resolve_model(args.model, progress))
+        progress.finish()
+    return run_app(args)
+
+
+COMMANDS: dict[str | None, Callable[[argparse.Namespace], int]] = {
+    "generate": cmd_generate,
+    "pull": cmd_pull,
+    "history": cmd_history,
+    "bench": cmd_bench,
+    None: cmd_app,
+}
+
+
+def _known_errors() -> tuple[type[BaseException], ...]:
+    errors: list[type[BaseException]] = [ValueError, RuntimeError, OSError]
+    try:
+        from weights import ModelLoadError
+
+        errors.insert(0, ModelLoadError)
+    except ImportError:
+        pass
+    return tuple(errors)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except KeyboardInterrupt:
+        sys.stderr.write("\ntinychat: interrupted\n")
+        return EXIT_INTERRUPTED
+    except _known_errors() as exc:
+        sys.stderr.write(f"tinychat: error: {exc}\n")
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())
