@@ -25,6 +25,7 @@ from gpu.outputs import EngineStats, RequestOutput, StepStats
 from gpu.sampling_params import SamplingParams
 from gpu.scheduler import Scheduler
 from gpu.sequence import Sequence, SequenceStatus
+from weights.detokenizer import IncrementalDetokenizer
 
 
 class LLMEngine:
@@ -108,8 +109,6 @@ class LLMEngine:
             seed = int(self._seed_rng.integers(0, 2**63))
         detok = None
         if params.detokenize and self.tokenizer is not None:
-            from weights import IncrementalDetokenizer
-
             detok = IncrementalDetokenizer(
                 self.tokenizer, skip_special_tokens=params.skip_special_tokens
             )

@@ -41,6 +41,8 @@ def append_token(seq: Sequence, token: int, now: float) -> None:
             seq.finish_reason = "length"
         elif seq.num_tokens >= seq.max_model_len:
             seq.finish_reason = "length"
+    if seq.finish_reason is not None and seq.stop_reason is None and seq.detokenizer is not None:
+        seq.output_text += seq.detokenizer.flush()  # a character left unfinished at the end
 
 
 def _check_stop_strings(seq: Sequence, new_from: int) -> None:
