@@ -80,9 +80,10 @@ class BlockManager:
 
     def register_full_blocks(self, seq: Sequence) -> None:
         """Give a hash to each block of seq that became full and computed since the last call."""
-        if not self.enable_prefix_caching:
-            return
-        num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
+        num_full = seq.num_computed_tokens // self.block_size
+        if num_full <= len(seq.block_hashes) or not self.enable_prefix_caching:
+            return  # the common decode step: no block filled up
+        num_full = min(num_full, len(seq.block_table))
         for i in range(len(seq.block_hashes), num_full):
             parent = seq.block_hashes[-1] if seq.block_hashes else None
             key = self._key(parent, seq.token_ids, i)

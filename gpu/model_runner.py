@@ -40,12 +40,15 @@ def build_forward_batch(
     seq_lens: list[int] = []
     logits_indices: list[int] = []
     sampled: list[Sequence] = []
+    tables: list[list[int]] = []
     max_query_len = max_seq_len = max_blocks = 0
+    num_tokens = 0
     for seq, n in scheduled:
         start = seq.num_computed_tokens
         end = start + n
         table = seq.block_table
-        if n == 1:
+        tables.append(table)
+        if n == 1:  # decode: one token, no numpy
             input_ids.append(seq.token_ids[start])
             positions.append(start)
             slots.append(table[start // block_size] * block_size + start % block_size)
@@ -53,22 +56,26 @@ def build_forward_batch(
             pos = np.arange(start, end, dtype=np.int64)
             input_ids.extend(seq.token_ids[start:end])
             positions.extend(range(start, end))
-            slots.extend(
-                (np.asarray(table)[pos // block_size] * block_size + pos % block_size).tolist()
-            )
-        query_start_loc.append(len(input_ids))
+            blocks = np.asarray(table)[pos // block_size]
+            slots.extend((blocks * block_size + pos % block_size).tolist())
+            if n > max_query_len:
+                max_query_len = n
+        num_tokens += n
+        query_start_loc.append(num_tokens)
         seq_lens.append(end)
-        if end == seq.num_tokens:  # the last known token is computed: sample the next one
-            logits_indices.append(len(input_ids) - 1)
+        if end == len(seq.token_ids):  # the last known token is computed: sample the next
+            logits_indices.append(num_tokens - 1)
             sampled.append(seq)
-        max_query_len = max(max_query_len, n)
-        max_seq_len = max(max_seq_len, end)
-        max_blocks = max(max_blocks, len(table))
+        if end > max_seq_len:
+            max_seq_len = end
+        if len(table) > max_blocks:
+            max_blocks = len(table)
+    max_query_len = max(max_query_len, 1)
     block_tables = np.zeros((num_seqs, max(max_blocks, 1)), dtype=np.int32)
-    for i, (seq, _) in enumerate(scheduled):
-        block_tables[i, : len(seq.block_table)] = seq.block_table
+    for i, table in enumerate(tables):
+        block_tables[i, : len(table)] = table
     batch = ForwardBatch(
-        num_tokens=len(input_ids),
+        num_tokens=num_tokens,
         num_seqs=num_seqs,
         input_ids=np.asarray(input_ids, dtype=np.int32),
         positions=np.asarray(positions, dtype=np.int32),

@@ -18,13 +18,14 @@ from gpu.sequence import Sequence
 def append_token(seq: Sequence, token: int, now: float) -> None:
     """Add one sampled token to seq and finish it if a stop condition holds."""
     params = seq.params
-    seq.append_token(token)
+    seq.output_token_ids.append(token)
+    seq.token_ids.append(token)
     m = seq.metrics
     if m.first_token_time is None:
         m.first_token_time = now
     m.last_token_time = now
     m.num_generated_tokens += 1
-    n_out = seq.num_output_tokens
+    n_out = len(seq.output_token_ids)
 
     if n_out >= params.min_tokens:
         if not params.ignore_eos and token in seq.eos_token_ids:
@@ -73,7 +74,7 @@ def make_output(seq: Sequence, finished: bool) -> RequestOutput | None:
     kind = seq.params.output_kind
     if kind is RequestOutputKind.FINAL_ONLY and not finished:
         return None
-    end = visible_text_end(seq)
+    end = visible_text_end(seq) if seq.params.stop_strings else len(seq.output_text)
     if kind is RequestOutputKind.DELTA:
         text = seq.output_text[seq.num_text_sent : end]
         token_ids = seq.output_token_ids[seq.num_tokens_sent :]
@@ -83,25 +84,21 @@ def make_output(seq: Sequence, finished: bool) -> RequestOutput | None:
         text = seq.output_text[:end]
         token_ids = list(seq.output_token_ids)
     seq.num_text_sent = end
-    seq.num_tokens_sent = seq.num_output_tokens
+    seq.num_tokens_sent = len(seq.output_token_ids)
+    metrics = seq.metrics
     if finished:
-        seq.metrics.finished_time = time.monotonic()
-    seq.metrics.num_cached_tokens = seq.num_cached_tokens
+        metrics.finished_time = time.monotonic()
+        metrics.num_cached_tokens = seq.num_cached_tokens
+        completion = CompletionOutput(0, text, token_ids, seq.finish_reason, seq.stop_reason)
+    else:
+        completion = CompletionOutput(0, text, token_ids)
     return RequestOutput(
-        request_id=seq.request_id,
-        prompt=seq.prompt,
-        prompt_token_ids=seq.prompt_token_ids,
-        outputs=[
-            CompletionOutput(
-                index=0,
-                text=text,
-                token_ids=token_ids,
-                finish_reason=seq.finish_reason if finished else None,
-                stop_reason=seq.stop_reason if finished else None,
-            )
-        ],
-        finished=finished,
-        metrics=seq.metrics,
-        error=seq.error,
-        num_cached_tokens=seq.num_cached_tokens,
+        seq.request_id,
+        seq.prompt,
+        seq.prompt_token_ids,
+        [completion],
+        finished,
+        metrics,
+        seq.error,
+        seq.num_cached_tokens,
     )

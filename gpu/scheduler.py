@@ -64,28 +64,33 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         bm = self.block_manager
-        scheduled_ids: set[int] = set()
+        bs = bm.block_size
+        running = SequenceStatus.RUNNING
 
         # 1. decodes, then 2. prefill chunks of admitted sequences, oldest first.
-        for decoding in (True, False):
-            for seq in list(self.running):
+        decodes, prefills = [], []
+        for seq in self.running:
+            if len(seq.token_ids) - seq.num_computed_tokens == 1:
+                decodes.append(seq)
+            else:
+                prefills.append(seq)
+        for group, decoding in ((decodes, True), (prefills, False)):
+            for seq in group:
                 if budget == 0:
                     break
-                if seq.status is not SequenceStatus.RUNNING or id(seq) in scheduled_ids:
+                if seq.status is not running:  # preempted earlier in this step
                     continue
-                remaining = seq.num_tokens - seq.num_computed_tokens
-                if (remaining == 1) != decoding:
-                    continue
-                n = min(remaining, budget)
-                while not bm.allocate(seq, n):
-                    victim = self.running[-1]
-                    budget += self._preempt(victim, out)
-                    if victim is seq:
-                        break
-                if seq.status is not SequenceStatus.RUNNING:
-                    continue
+                remaining = len(seq.token_ids) - seq.num_computed_tokens
+                n = remaining if remaining < budget else budget
+                if seq.num_computed_tokens + n > len(seq.block_table) * bs:  # needs blocks
+                    while not bm.allocate(seq, n):
+                        victim = self.running[-1]
+                        budget += self._preempt(victim, out)
+                        if victim is seq:
+                            break
+                    if seq.status is not running:
+                        continue
                 out.scheduled.append((seq, n))
-                scheduled_ids.add(id(seq))
                 budget -= n
                 if decoding:
                     out.num_decode_tokens += n
