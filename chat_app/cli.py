@@ -86,32 +86,38 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class ProgressPrinter:
-    """Progress of a download or conversion as one rewritten line on stderr."""
+    """Progress of a download or conversion as one rewritten line on stderr.
+
+    A new line starts only when the kind of work changes (its first word: "downloading",
+    "converting", ...), so converting 272 tensors is one line that counts up.
+    """
 
     def __init__(self) -> None:
-        self._last_stage = ""
+        self._kind = ""
+        self._width = 0
         self._last_time = 0.0
 
     def __call__(self, stage: str, done: int, total: int) -> None:
         now = time.monotonic()
-        final = total and done >= total
-        if stage == self._last_stage and now - self._last_time < 0.1 and not final:
+        final = bool(total) and done >= total
+        kind = stage.split(" ", 1)[0]
+        if kind == self._kind and now - self._last_time < 0.1 and not final:
             return
         self._last_time = now
-        if stage != self._last_stage and self._last_stage:
+        if kind != self._kind and self._kind:
             sys.stderr.write("\n")
-        self._last_stage = stage
-        if total:
-            sys.stderr.write(f"\r{stage}: {done}/{total} ({100 * done // total}%)")
-        else:
-            sys.stderr.write(f"\r{stage}...")
+            self._width = 0
+        self._kind = kind
+        line = f"{stage}: {done}/{total} ({100 * done // total}%)" if total else f"{stage}..."
+        sys.stderr.write("\r" + line.ljust(self._width))
+        self._width = len(line)
         sys.stderr.flush()
 
     def finish(self) -> None:
-        if self._last_stage:
+        if self._kind:
             sys.stderr.write("\n")
             sys.stderr.flush()
-            self._last_stage = ""
+            self._kind = ""
 
 
 def sampling_params_from_args(args: argparse.Namespace, generation_config=None):
