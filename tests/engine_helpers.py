@@ -9,13 +9,12 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
-import tokenizers
-from tokenizers import decoders, models, pre_tokenizers
 
 from gpu import EngineConfig, LLMEngine
 from gpu.backends.cpu import CpuBackend
 from gpu.loader import build_engine
 from gpu.model_weights import random_hf_tensors
+from weights.random_model import byte_level_tokenizer
 from weights.tokenizer import Tokenizer
 
 EOS_ID = 256
@@ -24,30 +23,7 @@ BOS_ID = 257
 
 def byte_tokenizer() -> Tokenizer:
     """One token per byte (ids 0-255, byte-level alphabet), then <eos> (256) and <bos> (257)."""
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    byte_to_char = {b: c for b, c in zip(range(256), _bytes_to_unicode(), strict=True)}
-    assert set(byte_to_char.values()) == set(alphabet)
-    vocab = {byte_to_char[b]: b for b in range(256)}
-    backend = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    backend.decoder = decoders.ByteLevel()
-    backend.add_special_tokens(["<eos>", "<bos>"])
-    return Tokenizer(backend, bos_token="<bos>", eos_token="<eos>")
-
-
-def _bytes_to_unicode() -> list[str]:
-    """GPT-2's byte -> printable character table, in byte order."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-    bs += list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    table = dict(zip(bs, cs, strict=True))
-    return [chr(table[b]) for b in range(256)]
+    return Tokenizer(byte_level_tokenizer(("<eos>", "<bos>")), bos_token="<bos>", eos_token="<eos>")
 
 
 def tiny_config(**overrides) -> SimpleNamespace:
