@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="measure tokens per second (see BENCHMARKS.md)")
     try:
-        from gpu.benchmark import add_bench_arguments
+        from gpu.bench import add_bench_arguments
     except ImportError:
         add_bench_arguments = None
     if add_bench_arguments is not None:
@@ -230,7 +230,7 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from gpu.benchmark import run_bench
+    from gpu.bench import run_bench
 
     return run_bench(args)
 

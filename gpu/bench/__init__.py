@@ -1,0 +1,249 @@
+"""`tinychat bench`: how fast the engine is, with the roofline floor beside every figure.
+
+    tinychat bench --config llama-3.2-1b --device cuda --compare hf --json results.json
+    tinychat bench --model path/to/folder latency decode
+
+Workloads: latency (batch-1 decode), decode (fixed batches), throughput (256 requests of
+random lengths, nano-vllm's workload), chat (sessions streaming through the engine thread),
+scheduler (the Python cost of a step with the model taken out). See BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import platform
+import sys
+import time
+from typing import Any
+
+WORKLOADS = ("latency", "decode", "throughput", "chat", "scheduler")
+
+
+def add_bench_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "workloads",
+        nargs="*",
+        default=[],
+        help=f"any of {', '.join(WORKLOADS)} (default: latency decode throughput chat)",
+    )
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--model", default=None, help="a model folder (or repo id, or .gguf)")
+    src.add_argument("--config", default=None, help="llama-3.2-1b | smollm2-135m: random weights")
+    p.add_argument("--layers", type=int, default=None, help="override the number of layers")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--batches", default="1,8,64,256", help="batch sizes of the decode workload")
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--num-requests", type=int, default=256, help="throughput workload size")
+    p.add_argument("--min-len", type=int, default=100)
+    p.add_argument("--max-len", type=int, default=1024)
+    p.add_argument("--sessions", type=int, default=8)
+    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--long-prompt", type=int, default=1000)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument(
+        "--compare",
+        choices=("hf",),
+        default=None,
+        help="also run transformers on the same weights (needs torch)",
+    )
+    p.add_argument("--json", dest="json_path", default=None, help="write the results here")
+    p.add_argument("--plot", default=None, help="tok/s against batch size (needs matplotlib)")
+
+
+def _build(args: argparse.Namespace):
+    """The engine under test and, for --config, the random weights (for --compare)."""
+    from gpu.config import EngineConfig
+
+    cfg = EngineConfig(
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+    )
+    if args.config is None:
+        from gpu.loader import create_engine
+
+        engine = create_engine(args.model, args.device, cfg)
+        return engine, None, args.model or "default"
+    from gpu.backends import get_backend
+    from gpu.loader import build_engine
+    from gpu.model_weights import random_hf_tensors
+    from gpu.presets import preset_config
+
+    overrides = {"num_hidden_layers": args.layers} if args.layers else {}
+    config = preset_config(args.config, **overrides)
+    tensors = random_hf_tensors(config, seed=0)
+    engine = build_engine(
+        config,
+        tensors.__getitem__,
+        get_backend(args.device),
+        cfg,
+        model_name=f"{args.config} (random bf16 weights)",
+    )
+    return engine, tensors, args.config
+
+
+def _ceilings(engine):
+    backend = getattr(engine.runner.executor, "backend", None)
+    measure = getattr(backend, "measure_ceilings", None)
+    if measure is not None:
+        return measure()
+    from gpu.bench.roofline import measure_cpu_ceilings
+
+    return measure_cpu_ceilings()
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from gpu.bench import roofline, workloads
+
+    chosen = args.workloads or ["latency", "decode", "throughput", "chat"]
+    unknown = set(chosen) - set(WORKLOADS)
+    if unknown:
+        raise ValueError(f"unknown workload(s) {', '.join(sorted(unknown))}: use {WORKLOADS}")
+    if chosen == ["scheduler"]:
+        from gpu.bench.scheduler_overhead import main as scheduler_main
+
+        scheduler_main()
+        return 0
+
+    t0 = time.perf_counter()
+    engine, tensors, label = _build(args)
+    startup_s = time.perf_counter() - t0
+    config = engine.model_config
+    ceilings = _ceilings(engine)
+    weight_bytes = 2 if engine.device == "cuda" else 4
+    batches = [int(b) for b in args.batches.split(",") if b]
+    batches = [b for b in batches if b <= engine.config.max_num_seqs]
+    results: dict[str, Any] = {
+        "model": label,
+        "device": engine.device,
+        "device_name": _device_name(engine),
+        "host": platform.node(),
+        "params": roofline.count_params(config),
+        "kv_capacity_tokens": engine.kv_capacity_tokens,
+        "startup_s": startup_s,
+        "ceilings": dataclasses.asdict(ceilings),
+    }
+
+    def floor(batch: int, context: int) -> dict:
+        return roofline.decode_step_floor(
+            config, batch, context, weight_bytes, weight_bytes, ceilings
+        )
+
+    t0 = time.perf_counter()
+    workloads.warm_up(engine, sorted({1, *batches}))
+    results["warmup_s"] = time.perf_counter() - t0
+    ctx = args.prompt_len + args.new_tokens // 2  # mean context over the decode
+    if "latency" in chosen:
+        r = workloads.decode_run(engine, 1, args.prompt_len, args.new_tokens)
+        f = floor(1, ctx)
+        results["latency"] = {
+            **dataclasses.asdict(r),
+            "floor_ms": 1e3 * f["floor_s"],
+            "fraction_of_floor": f["floor_s"] / (r.ms_per_step / 1e3),
+        }
+    if "decode" in chosen:
+        rows = []
+        for b in batches:
+            r = workloads.decode_run(engine, b, args.prompt_len, args.new_tokens)
+            f = floor(b, ctx)
+            rows.append(
+                {
+                    **dataclasses.asdict(r),
+                    "floor_ms": 1e3 * f["floor_s"],
+                    "bound": f["bound"],
+                    "fraction_of_floor": f["floor_s"] / (r.ms_per_step / 1e3),
+                }
+            )
+        results["decode"] = rows
+    if "throughput" in chosen:
+        r = workloads.throughput_run(engine, args.num_requests, args.min_len, args.max_len)
+        results["throughput"] = dataclasses.asdict(r)
+    if "chat" in chosen:
+        r = workloads.chat_run(engine, args.sessions, args.turns, long_prompt=args.long_prompt)
+        results["chat"] = {k: v for k, v in dataclasses.asdict(r).items() if k != "ttfts_ms"}
+    if args.compare == "hf":
+        from gpu.bench.hf_reference import run_hf
+
+        results["hf"] = run_hf(config, tensors, args, batches, chosen)
+    print_table(results)
+    if args.json_path:
+        with open(args.json_path, "w") as f:
+            json.dump(results, f, indent=1, default=float)
+        print(f"results written to {args.json_path}")
+    if args.plot:
+        from gpu.bench.plot import plot_decode
+
+        plot_decode(results, args.plot)
+    return 0
+
+
+def _device_name(engine) -> str:
+    backend = getattr(engine.runner.executor, "backend", None)
+    name = getattr(backend, "device_name", None)
+    return name() if callable(name) else platform.processor() or "cpu"
+
+
+def print_table(r: dict) -> None:
+    out = sys.stdout
+    out.write(
+        f"\n{r['model']} on {r['device_name']} ({r['device']}), {r['params'] / 1e6:.0f}M "
+        f"params, KV {r['kv_capacity_tokens']} tokens, start-up {r['startup_s']:.1f} s, "
+        f"warm-up {r['warmup_s']:.1f} s\n"
+    )
+    c = r["ceilings"]
+    out.write(
+        f"ceilings: copy {c['bandwidth_Bps'] / 1e9:.0f} GB/s, matmul "
+        f"{c['matmul_flops'] / 1e12:.1f} TFLOP/s ({c['source']})\n"
+    )
+    hf = r.get("hf", {})
+    out.write(
+        f"{'workload':<22}{'tok/s':>11}{'ms/step':>10}{'floor ms':>10}{'of floor':>10}"
+        f"{'hf eager':>11}{'hf static':>11}{'x eager':>9}{'x static':>9}\n"
+    )
+
+    def hf_cols(key: str, ours: float) -> str:
+        e, s = hf.get("eager", {}).get(key), hf.get("static", {}).get(key)
+        cols = f"{e:>11.0f}" if e else f"{'':>11}"
+        cols += f"{s:>11.0f}" if s else f"{'':>11}"
+        cols += f"{ours / e:>9.1f}" if e else f"{'':>9}"
+        cols += f"{ours / s:>9.1f}" if s else f"{'':>9}"
+        return cols
+
+    if "latency" in r:
+        x = r["latency"]
+        out.write(
+            f"{'latency (batch 1)':<22}{x['decode_tok_s']:>11.0f}{x['ms_per_step']:>10.3f}"
+            f"{x['floor_ms']:>10.3f}{x['fraction_of_floor']:>9.0%} "
+            f"{hf_cols('batch_1', x['decode_tok_s'])}\n"
+        )
+    for x in r.get("decode", []):
+        name = f"decode batch {x['batch_size']}"
+        out.write(
+            f"{name:<22}{x['decode_tok_s']:>11.0f}{x['ms_per_step']:>10.3f}"
+            f"{x['floor_ms']:>10.3f}{x['fraction_of_floor']:>9.0%} "
+            f"{hf_cols('batch_' + str(x['batch_size']), x['decode_tok_s'])}\n"
+        )
+    if "throughput" in r:
+        x = r["throughput"]
+        out.write(
+            f"{'throughput':<22}{x['output_tok_s']:>11.0f}   ({x['num_requests']} requests, "
+            f"{x['output_tokens']} output tokens in {x['total_time_s']:.1f} s)\n"
+        )
+    if "chat" in r:
+        x = r["chat"]
+        out.write(
+            f"chat ({x['sessions']} sessions x {x['turns']} turns): TTFT p50 "
+            f"{x['ttft_p50_ms']:.1f} ms p99 {x['ttft_p99_ms']:.1f} ms; ITL p50 "
+            f"{x['itl_p50_ms']:.2f} ms p99 {x['itl_p99_ms']:.2f} ms (alone: p50 "
+            f"{x['single_itl_p50_ms']:.2f} p99 {x['single_itl_p99_ms']:.2f}); a "
+            f"{x['long_prompt_tokens']}-token prompt: first token in "
+            f"{x['long_prompt_ttft_ms']:.1f} ms\n"
+        )
+    out.flush()

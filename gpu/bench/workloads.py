@@ -1,0 +1,231 @@
+"""The benchmark's workloads, each timed on a live engine.
+
+Every step of the engine ends with the sampled ids on the host, so a host clock read after
+`step()` is already synchronised with the device: no extra sync is needed to time a step.
+Warm-up runs before every timed region (kernel compilation, graph capture, caches).
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gpu.engine import LLMEngine
+from gpu.engine_thread import EngineThread
+from gpu.sampling_params import RequestOutputKind, SamplingParams
+
+
+def _prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    # Avoid the lowest ids (special tokens of most vocabularies).
+    return [list(map(int, rng.integers(1000 % vocab, vocab, length))) for _ in range(count)]
+
+
+def _greedy(max_tokens: int) -> SamplingParams:
+    return SamplingParams(
+        temperature=0,
+        max_tokens=max_tokens,
+        ignore_eos=True,
+        detokenize=False,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
+
+
+@dataclass
+class DecodeResult:
+    batch_size: int
+    prompt_len: int
+    new_tokens: int
+    decode_time_s: float  # from every request having its first token to the last token
+    decode_tok_s: float
+    ms_per_step: float
+    prefill_time_s: float
+
+
+def decode_run(engine: LLMEngine, batch: int, prompt_len: int, new_tokens: int) -> DecodeResult:
+    """`batch` requests prefilled together, then decoded in lockstep: decode tokens/s."""
+    vocab = engine.vocab_size
+    for prompt in _prompts(batch, prompt_len, vocab, seed=batch):
+        engine.add_request(prompt, _greedy(new_tokens))
+    t0 = time.perf_counter()
+    seqs = list(engine.requests.values())
+    while any(s.num_output_tokens == 0 for s in seqs):
+        engine.step()
+    t_first = time.perf_counter()
+    steps = 0
+    while engine.has_unfinished_requests():
+        engine.step()
+        steps += 1
+    t_end = time.perf_counter()
+    decode_time = t_end - t_first
+    tokens = batch * (new_tokens - 1)
+    return DecodeResult(
+        batch_size=batch,
+        prompt_len=prompt_len,
+        new_tokens=new_tokens,
+        decode_time_s=decode_time,
+        decode_tok_s=tokens / decode_time if decode_time > 0 else 0.0,
+        ms_per_step=1e3 * decode_time / max(steps, 1),
+        prefill_time_s=t_first - t0,
+    )
+
+
+def warm_up(engine: LLMEngine, batches: list[int]) -> None:
+    """Run each batch size briefly (compiles kernels, captures graphs, touches memory)."""
+    for b in batches:
+        decode_run(engine, b, 32, 4)
+
+
+@dataclass
+class ThroughputResult:
+    num_requests: int
+    input_tokens: int
+    output_tokens: int
+    total_time_s: float
+    output_tok_s: float
+    total_tok_s: float
+
+
+def throughput_run(
+    engine: LLMEngine, num_requests: int = 256, lo: int = 100, hi: int = 1024, seed: int = 0
+) -> ThroughputResult:
+    """nano-vllm's workload: prompt and output lengths uniform in [lo, hi], all at once."""
+    rng = np.random.default_rng(seed)
+    vocab = engine.vocab_size
+    prompt_lens = rng.integers(lo, hi + 1, num_requests)
+    output_lens = rng.integers(lo, hi + 1, num_requests)
+    limit = engine.max_model_len - 1
+    t0 = time.perf_counter()
+    for p_len, o_len in zip(prompt_lens, output_lens, strict=True):
+        p_len = int(min(p_len, limit - 1))
+        prompt = list(map(int, rng.integers(0, vocab, p_len)))
+        engine.add_request(prompt, _greedy(int(min(o_len, limit - p_len))))
+    outputs = 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            outputs += len(out.outputs[0].token_ids)
+    elapsed = time.perf_counter() - t0
+    inputs = int(prompt_lens.sum())
+    return ThroughputResult(
+        num_requests=num_requests,
+        input_tokens=inputs,
+        output_tokens=outputs,
+        total_time_s=elapsed,
+        output_tok_s=outputs / elapsed,
+        total_tok_s=(outputs + inputs) / elapsed,
+    )
+
+
+@dataclass
+class ChatResult:
+    sessions: int
+    turns: int
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    itl_p50_ms: float
+    itl_p99_ms: float
+    single_itl_p50_ms: float  # one session alone, for comparison
+    single_itl_p99_ms: float
+    long_prompt_tokens: int
+    long_prompt_ttft_ms: float  # a long prompt arriving while the other sessions stream
+    ttfts_ms: list[float] = field(default_factory=list, repr=False)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+class _Session(threading.Thread):
+    """One chat: a turn is sent, its reply streamed, then the next turn (history grows)."""
+
+    def __init__(
+        self,
+        et: EngineThread,
+        start_delay: float,
+        turns: int,
+        seed: int,
+        user_len: int = 48,
+        reply_len: int = 96,
+    ) -> None:
+        super().__init__(daemon=True)
+        self.et, self.start_delay, self.turns = et, start_delay, turns
+        self.rng = np.random.default_rng(seed)
+        self.user_len, self.reply_len = user_len, reply_len
+        self.ttfts: list[float] = []
+        self.itls: list[float] = []
+        self.history: list[int] = []
+
+    def run(self) -> None:
+        time.sleep(self.start_delay)
+        vocab = self.et.engine.vocab_size
+        for _ in range(self.turns):
+            self.history += list(map(int, self.rng.integers(0, vocab, self.user_len)))
+            params = SamplingParams(
+                temperature=0, max_tokens=self.reply_len, ignore_eos=True, detokenize=False
+            )
+            sent = time.perf_counter()
+            last = None
+            for out in self.et.submit(list(self.history), params):
+                now = time.perf_counter()
+                n = len(out.outputs[0].token_ids)
+                if n:
+                    if last is None:
+                        self.ttfts.append(now - sent)
+                    else:
+                        self.itls.extend([(now - last) / n] * n)
+                    last = now
+                self.history += out.outputs[0].token_ids
+
+
+def chat_run(
+    engine: LLMEngine,
+    sessions: int = 8,
+    turns: int = 4,
+    arrival_s: float = 1.0,
+    long_prompt: int = 1000,
+) -> ChatResult:
+    """Chat sessions arriving over `arrival_s`, each `turns` turns, on the engine thread."""
+    et = EngineThread(engine, idle_wait=0.001)
+    et.start()
+    try:
+        alone = _Session(et, 0.0, 2, seed=99)
+        alone.start()
+        alone.join()
+        group = [_Session(et, arrival_s * i / sessions, turns, seed=i) for i in range(sessions)]
+        for s in group:
+            s.start()
+        # While they stream, a long prompt arrives: how long until its first token?
+        time.sleep(arrival_s + 0.2)
+        long_ttft = float("nan")
+        if long_prompt < engine.max_model_len:
+            probe = _Session(et, 0.0, 1, seed=1234, user_len=long_prompt, reply_len=4)
+            probe.start()
+            probe.join()
+            long_ttft = probe.ttfts[0] if probe.ttfts else float("nan")
+        for s in group:
+            s.join()
+    finally:
+        et.shutdown()
+    ttfts = [t for s in group for t in s.ttfts]
+    itls = [t for s in group for t in s.itls]
+    return ChatResult(
+        sessions=sessions,
+        turns=turns,
+        ttft_p50_ms=1e3 * _percentile(ttfts, 50),
+        ttft_p99_ms=1e3 * _percentile(ttfts, 99),
+        itl_p50_ms=1e3 * _percentile(itls, 50),
+        itl_p99_ms=1e3 * _percentile(itls, 99),
+        single_itl_p50_ms=1e3 * _percentile(alone.itls, 50),
+        single_itl_p99_ms=1e3 * _percentile(alone.itls, 99),
+        long_prompt_tokens=long_prompt,
+        long_prompt_ttft_ms=1e3 * long_ttft,
+        ttfts_ms=[1e3 * t for t in ttfts],
+    )
+
+
+def median_of(runs: list[float]) -> float:
+    return statistics.median(runs) if runs else float("nan")
