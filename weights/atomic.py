@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,16 +22,24 @@ MARKER = ".tinychat-complete"
 """Written last inside a finished folder; its content says what the folder was made from."""
 
 
-def _pid_alive(pid: int) -> bool:
-    if pid == os.getpid():
+def _left_by_a_dead_process(path: Path) -> bool:
+    """True if the temp folder's writer (the pid in its name) no longer runs."""
+    pid_text = path.name.rsplit(".tmp-", 1)[1].split("-", 1)[0]
+    if not pid_text.isdigit():
         return True
+    pid = int(pid_text)
+    if pid == os.getpid():
+        return False
+    if os.name == "nt":
+        # os.kill(pid, 0) would send Ctrl-C on Windows: go by age instead.
+        return time.time() - path.stat().st_mtime > 24 * 3600
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return False
-    except (PermissionError, OSError):
-        return True  # exists but is not ours, or we cannot tell: leave it alone
-    return True
+        return True
+    except OSError:
+        return False  # exists but is not ours, or we cannot tell: leave it alone
+    return False
 
 
 def clean_stale_temps(dest: Path) -> None:
@@ -38,8 +47,7 @@ def clean_stale_temps(dest: Path) -> None:
     if not dest.parent.is_dir():
         return
     for path in dest.parent.glob(f".{dest.name}.tmp-*"):
-        pid_text = path.name.rsplit(".tmp-", 1)[1].split("-", 1)[0]
-        if not pid_text.isdigit() or not _pid_alive(int(pid_text)):
+        if _left_by_a_dead_process(path):
             shutil.rmtree(path, ignore_errors=True)
 
 
