@@ -287,7 +287,8 @@ def _rope_scaling(
     if "rope_freqs.weight" in tensors:
         # Llama 3.1+: llama.cpp stores the llama3 factors as a tensor; recover the parameters
         # (Meta's released models all use low 1, high 4, original context 8192).
-        stored = gguf.quants.dequantize(tensors["rope_freqs.weight"].data, Q.F32).ravel()
+        freqs = tensors["rope_freqs.weight"]
+        stored = gguf.quants.dequantize(freqs.data, freqs.tensor_type).ravel()
         rope = RopeScaling(
             "llama3",
             factor=float(stored.max()),

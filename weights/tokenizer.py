@@ -86,7 +86,8 @@ class Tokenizer:
         try:
             backend = tokenizers.Tokenizer.from_file(str(path))
         except Exception as exc:  # the Rust side raises plain Exception subclasses
-            raise fail(path, f"not a valid tokenizer file ({str(exc).splitlines()[0]})") from None
+            why = (str(exc).splitlines() or [type(exc).__name__])[0]
+            raise fail(path, f"not a valid tokenizer file ({why})") from None
 
         config: dict[str, Any] = {}
         config_path = folder / CONFIG_FILE
@@ -102,6 +103,10 @@ class Tokenizer:
         template_path = folder / TEMPLATE_FILE
         if template_path.is_file():  # takes priority, as in transformers
             template = template_path.read_text(encoding="utf-8")
+            try:
+                chat_template_module.compile_template(template)
+            except chat_template_module.ChatTemplateError as exc:
+                raise fail(template_path, str(exc)) from None
         return cls(
             backend,
             bos_token=_token_text(config.get("bos_token"), config_path),
