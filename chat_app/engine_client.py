@@ -1,0 +1,113 @@
+"""The app's one door to the engine: builds prompts, starts and stops replies, routes streams.
+
+The chat panes never touch the engine thread themselves. They hand this client a conversation
+and a sink (themselves); the client turns the conversation into token ids with the model's chat
+template, queues the request, and later gives each sink the updates of its own requests.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Awaitable
+from typing import Protocol
+
+from chat_app.bridge import OutputBridge, StreamUpdate
+from chat_app.engine_api import EngineThread
+from gpu.outputs import EngineStats
+from gpu.sampling_params import SamplingParams
+
+
+class EngineUnavailable(Exception):
+    """The model is still loading, or failed to load (the message says which)."""
+
+
+class ReplySink(Protocol):
+    """Whoever shows a reply: receives that request's updates, in order, on the UI thread."""
+
+    def on_stream_update(self, update: StreamUpdate) -> Awaitable[None]: ...
+
+
+class EngineClient:
+    def __init__(self, bridge: OutputBridge) -> None:
+        self._bridge = bridge
+        self.thread: EngineThread | None = None
+        self.load_error: str | None = None
+        self._sinks: dict[str, ReplySink] = {}
+        self._ids = itertools.count(1)
+
+    # -- life cycle -------------------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        return self.thread is not None
+
+    @property
+    def loading(self) -> bool:
+        return self.thread is None and self.load_error is None
+
+    def attach(self, thread: EngineThread) -> None:
+        """Take a freshly built engine thread and start it."""
+        thread.start()
+        self.thread = thread
+
+    def fail(self, message: str) -> None:
+        self.load_error = message
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Abort every reply and stop the engine thread (idempotent)."""
+        self._sinks.clear()
+        thread, self.thread = self.thread, None
+        if thread is not None:
+            thread.shutdown(timeout)
+
+    def describe(self) -> str:
+        """Model, device and KV capacity, for the status bar."""
+        if self.thread is None:
+            return "model failed to load" if self.load_error else "loading model…"
+        engine = self.thread.engine
+        return f"{engine.model_name} · {engine.device} · KV {engine.kv_capacity_tokens:,} tok"
+
+    def stats(self) -> EngineStats | None:
+        return None if self.thread is None else self.thread.stats()
+
+    # -- replies ----------------------------------------------------------------------------
+
+    def start_reply(
+        self, chat: list[dict[str, str]], params: SamplingParams, sink: ReplySink, label: str
+    ) -> str:
+        """Queue a reply to `chat`; returns its request id.
+
+        Raises EngineUnavailable while there is no engine, and ValueError when the engine
+        refuses the request (a prompt longer than the context, for one).
+        """
+        if self.thread is None:
+            raise EngineUnavailable(self.load_error or "The model is still loading.")
+        tokenizer = self.thread.engine.tokenizer
+        try:
+            ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
+        except Exception as error:  # a template may raise anything (raise_exception, jinja)
+            raise ValueError(f"The chat template failed: {error}") from error
+        request_id = f"{label}-{next(self._ids)}"
+        request_id = self.thread.add_request(
+            list(ids), params, self._bridge.on_output, request_id=request_id
+        )
+        self._sinks[request_id] = sink
+        return request_id
+
+    def stop_reply(self, request_id: str) -> None:
+        """Abort a reply; whatever the engine still sends for it is dropped."""
+        self._sinks.pop(request_id, None)
+        if self.thread is not None:
+            self.thread.abort(request_id)
+
+    def take_updates(self) -> list[tuple[ReplySink, StreamUpdate]]:
+        """The bridge's pending updates, each paired with the sink that asked for it."""
+        routed = []
+        for update in self._bridge.drain():
+            sink = self._sinks.get(update.request_id)
+            if sink is None:
+                continue  # stopped, reset or closed: the UI has already moved on
+            if update.finished:
+                del self._sinks[update.request_id]
+            routed.append((sink, update))
+        return routed
