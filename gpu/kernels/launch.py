@@ -1,0 +1,31 @@
+"""What every kernel launcher shares: the simulator switch and block sizes.
+
+Under `NUMBA_ENABLE_CUDASIM=1` (CI, no GPU) a kernel runs as Python threads, about 0.7 s per
+128-thread launch, so launchers use 32-thread blocks there and the GPU's sizes on the device.
+The kernels read `cuda.blockDim.x` and never assume a block size beyond "a power of two, at most
+MAX_THREADS", so both run the same code.
+"""
+
+from __future__ import annotations
+
+from numba import config, cuda
+
+SIMULATOR: bool = bool(config.ENABLE_CUDASIM)
+MAX_THREADS = 1024  # the largest block; shared reduction buffers are sized for it
+
+
+def threads(gpu: int) -> int:
+    """Threads per block: `gpu` on a real device, 32 (one warp) in the simulator."""
+    return 32 if SIMULATOR else gpu
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def device_function(fn):
+    """A `@cuda.jit(device=True)` helper, always inlined on the GPU (the simulator has no
+    forceinline option and needs none)."""
+    if SIMULATOR:
+        return cuda.jit(device=True)(fn)
+    return cuda.jit(device=True, forceinline=True)(fn)
