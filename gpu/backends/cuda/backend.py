@@ -1,0 +1,219 @@
+"""The cuda backend: the operations of gpu/backends/base.py as Numba kernels and cuBLAS calls.
+
+Dtypes on the device: weights and the KV cache are bf16 (stored as uint16 bits), norm weights
+and rope tables float32, the residual stream, projection outputs and logits float32, and the
+inputs of matrix products ("act") bf16. Every op is launched on the backend's one stream, never
+allocates (buffers come from `empty`, once), and never waits for the GPU, so a step can be
+captured into a CUDA graph. Set `debug=True` (or TINYCHAT_CUDA_DEBUG=1) to synchronise and
+surface errors after every op, naming it.
+
+Each op's kernel and its numpy twin: see gpu/kernels/*.py and gpu/backends/cpu.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import numpy as np
+from numba import cuda
+
+from gpu.backends.cuda.cublas import CublasGemm, SimulatorGemm
+from gpu.backends.cuda.sampler import DeviceSampler
+from gpu.forward_batch import ForwardBatch
+from gpu.kernels import activation, attention_decode, attention_prefill, embedding, rmsnorm
+from gpu.kernels import rope_kv as rope_kernels
+from gpu.kernels.bf16 import from_bf16_bits, to_bf16_bits
+from gpu.kernels.launch import SIMULATOR
+from gpu.sampling import SamplingMetadata
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"f32": np.float32, "act": np.uint16, "int32": np.int32}
+# Room left beside the KV cache for what the executor allocates after it: step inputs, the
+# sampler's penalty scratch, split-KV partials, the cuBLAS workspace, CUDA's own needs.
+RESERVE_BYTES = 1 << 30
+
+
+class CudaBackend:
+    name = "cuda"
+    weight_format = "bf16"
+    kv_element_bytes = 2
+
+    def __init__(self, debug: bool | None = None) -> None:
+        self.debug = os.environ.get("TINYCHAT_CUDA_DEBUG") == "1" if debug is None else debug
+        self.stream = cuda.stream()
+        self.gemm = SimulatorGemm(self.stream) if SIMULATOR else CublasGemm(self.stream)
+        # The simulator runs blocks one after another: pretend to be a 4-SM GPU there, which
+        # still splits the KV of small batches.
+        self.num_sms = 4 if SIMULATOR else cuda.get_current_device().MULTIPROCESSOR_COUNT
+        self.kv_cache_bytes = 0
+        self.vocab_size = 0
+        self._part_acc = cuda.device_array(1, np.float32)
+        self._part_ml = cuda.device_array(1, np.float32)
+        self._sampler: DeviceSampler | None = None
+
+    # --- memory -------------------------------------------------------------------------
+    def empty(self, shape: tuple[int, ...], dtype: str) -> Any:
+        return cuda.device_array(shape, dtype=_DTYPES[dtype], stream=self.stream)
+
+    def weight(self, array: np.ndarray, kind: str) -> Any:
+        if kind == "vector":
+            if array.dtype == np.uint16:
+                array = from_bf16_bits(array)
+            host = np.ascontiguousarray(array, dtype=np.float32)
+        else:  # "matrix" or "embedding": bf16 bits
+            host = array if array.dtype == np.uint16 else to_bf16_bits(array)
+            host = np.ascontiguousarray(host)
+            if kind == "embedding":
+                self.vocab_size = host.shape[0]
+        return cuda.to_device(host, stream=self.stream)
+
+    def allocate_kv_cache(
+        self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int
+    ) -> list[tuple[Any, Any]]:
+        """One allocation for all layers, viewed as a (k_cache, v_cache) pair per layer."""
+        shape = (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim)
+        cache = cuda.device_array(shape, dtype=np.uint16, stream=self.stream)
+        self.kv_cache_bytes = cache.nbytes
+        return [(cache[i, 0], cache[i, 1]) for i in range(num_layers)]
+
+    def num_kv_blocks(self, bytes_per_block: int, config: Any) -> int:
+        """KV blocks that fit in gpu_memory_utilization of the memory free after weights and
+        activations, less a reserve for the executor's buffers; logged."""
+        if SIMULATOR:
+            return 64
+        free, total = cuda.current_context().get_memory_info()
+        budget = int(free * config.gpu_memory_utilization) - RESERVE_BYTES
+        sampler = config.max_num_seqs * max(self.vocab_size, 1) * 4
+        blocks = max(1, (budget - sampler) // bytes_per_block)
+        log.info(
+            "KV cache: %d blocks of %d tokens = %d tokens, %.2f GiB (GPU: %.1f of %.1f GiB free)",
+            blocks, config.block_size, blocks * config.block_size,
+            blocks * bytes_per_block / 2**30, free / 2**30, total / 2**30,
+        )  # fmt: skip
+        return int(blocks)
+
+    def create_executor(self, model: Any) -> Any:
+        from gpu.backends.cuda.executor import CudaExecutor
+
+        return CudaExecutor(model, self)
+
+    def reserve_attention_scratch(
+        self, max_seqs: int, num_heads: int, num_kv_heads: int, head_dim: int
+    ) -> None:
+        """Allocate the split-KV partials for every decode batch size up to max_seqs, now."""
+        acc = ml = 1
+        for s in range(1, max_seqs + 1):
+            splits = attention_decode.choose_num_splits(s, num_kv_heads, self.num_sms)
+            a, m = attention_decode.partial_sizes(s, num_heads, head_dim, splits)
+            acc, ml = max(acc, a), max(ml, m)
+        if self._part_acc.shape[0] < acc:
+            self._part_acc = cuda.device_array(acc, np.float32, stream=self.stream)
+        if self._part_ml.shape[0] < ml:
+            self._part_ml = cuda.device_array(ml, np.float32, stream=self.stream)
+
+    def to_host(self, array: Any) -> np.ndarray:
+        """A host copy; bf16 ("act") arrays come back as float32 values."""
+        host = array.copy_to_host(stream=self.stream)
+        self.stream.synchronize()
+        return from_bf16_bits(host) if host.dtype == np.uint16 else host
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+
+    def check(self, op: str) -> None:
+        """In debug mode, wait for the GPU and name the op that failed."""
+        if self.debug:
+            try:
+                self.stream.synchronize()
+            except Exception as exc:
+                raise RuntimeError(f"CUDA error in {op}: {exc}") from exc
+
+    # --- the forward --------------------------------------------------------------------
+    def embed(self, input_ids: Any, table: Any, out: Any) -> None:
+        embedding.embed(input_ids, table, out, self.stream)
+        self.check("embed")
+
+    def rmsnorm(self, x: Any, weight: Any, eps: float, out: Any) -> None:
+        rmsnorm.rmsnorm(x, weight, eps, out, self.stream)
+        self.check("rmsnorm")
+
+    def add_rmsnorm(self, x: Any, residual: Any, weight: Any, eps: float, out: Any) -> None:
+        rmsnorm.add_rmsnorm(x, residual, weight, eps, out, self.stream)
+        self.check("add_rmsnorm")
+
+    def linear(self, x: Any, w: Any, out: Any) -> None:
+        self.gemm.linear(x, w, out)
+        self.check("linear")
+
+    def rope_kv_write(
+        self,
+        qkv: Any,
+        positions: Any,
+        cos: Any,
+        sin: Any,
+        k_cache: Any,
+        v_cache: Any,
+        slot_mapping: Any,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+    ) -> None:
+        rope_kernels.rope_kv_write(
+            qkv, positions, cos, sin, k_cache, v_cache, slot_mapping,
+            num_heads, num_kv_heads, head_dim, self.stream,
+        )  # fmt: skip
+        self.check("rope_kv_write")
+
+    def attention(
+        self,
+        qkv: Any,
+        k_cache: Any,
+        v_cache: Any,
+        batch: ForwardBatch,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        out: Any,
+    ) -> None:
+        """Decode kernel (split-KV) for one-token-per-sequence steps, prefill kernel otherwise.
+
+        batch must be a DeviceForwardBatch (device arrays, flat block table + stride)."""
+        tables, stride = batch.block_tables, batch.block_table_stride
+        if batch.max_query_len == 1 and batch.num_tokens == batch.num_seqs:
+            splits = attention_decode.choose_num_splits(batch.num_seqs, num_kv_heads, self.num_sms)
+            acc, ml = attention_decode.partial_sizes(batch.num_seqs, num_heads, head_dim, splits)
+            if acc > self._part_acc.shape[0] or ml > self._part_ml.shape[0]:
+                self.reserve_attention_scratch(batch.num_seqs, num_heads, num_kv_heads, head_dim)
+            attention_decode.decode_attention(
+                qkv, k_cache, v_cache, tables, stride, batch.query_start_loc, batch.seq_lens,
+                batch.num_seqs, num_heads, scale, out, self._part_acc, self._part_ml,
+                splits, self.stream,
+            )  # fmt: skip
+        else:
+            attention_prefill.prefill_attention(
+                qkv, k_cache, v_cache, tables, stride, batch.query_start_loc, batch.seq_lens,
+                batch.num_seqs, batch.max_query_len, num_heads, scale, out, self.stream,
+            )  # fmt: skip
+        self.check("attention")
+
+    def silu_mul(self, gate_up: Any, out: Any) -> None:
+        activation.silu_mul(gate_up, out, self.stream)
+        self.check("silu_mul")
+
+    def gather_rows(self, x: Any, indices: Any, out: Any) -> None:
+        embedding.gather_rows(x, indices, out, self.stream)
+        self.check("gather_rows")
+
+    def sample(self, logits: Any, metadata: SamplingMetadata) -> np.ndarray:
+        """Sample on the device (logits are modified in place); returns host int32 ids."""
+        rows, vocab = logits.shape
+        s = self._sampler
+        if s is None or s.max_rows < rows or s.vocab_size != vocab:
+            self._sampler = s = DeviceSampler(max(rows, 64), vocab, self.stream)
+        ids = s.sample(logits, metadata)
+        self.check("sample")
+        return ids
