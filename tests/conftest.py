@@ -2,6 +2,16 @@
 
 from __future__ import annotations
 
+# --- CUDA simulator switch (kernel tests, tests/test_kernels_*.py) ---------------------------
+# Numba reads NUMBA_ENABLE_CUDASIM when numba.cuda is first imported, so this runs first: with
+# no NVIDIA GPU here, kernels run in the CUDA simulator; on a GPU machine, for real.
+import os
+import shutil
+
+if not os.path.exists("/dev/nvidiactl") and shutil.which("nvidia-smi") is None:
+    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+# --- end of the CUDA simulator switch ---------------------------------------------------------
+
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
