@@ -1,0 +1,184 @@
+"""The tinychat Textual app: opens at once, loads the model in a worker thread, and carries the
+engine's streams to the chat tabs.
+
+    TinyChatApp(engine_factory=..., store=HistoryStore.open()).run()
+
+`engine_factory` builds an engine thread (slow: it loads weights), so it runs off the UI
+thread; until it returns, the UI is usable and says "loading model…". Everything the engine
+sends comes back through one OutputBridge, drained at most once per frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from pathlib import Path
+
+from textual import work
+from textual.app import App
+from textual.binding import Binding
+from textual.message import Message
+
+from chat_app.bridge import DEFAULT_FPS, OutputBridge, OutputsReady
+from chat_app.chat_screen import ChatScreen
+from chat_app.engine_api import EngineFactory, EngineThread
+from chat_app.engine_client import EngineClient
+from chat_app.history import HistoryStore
+from chat_app.launch import add_app_arguments, run_app
+from chat_app.session import ChatSession, ChatSettings
+
+__all__ = ["TinyChatApp", "add_app_arguments", "run_app"]
+
+
+class EngineLoaded(Message):
+    def __init__(self, thread: EngineThread) -> None:
+        super().__init__()
+        self.thread = thread
+
+
+class EngineFailed(Message):
+    def __init__(self, error: str) -> None:
+        super().__init__()
+        self.error = error
+
+
+class TinyChatApp(App[int]):
+    """Chat tabs over one engine."""
+
+    CSS_PATH = "tinychat.tcss"
+    TITLE = "tinychat"
+    BINDINGS = [
+        Binding("ctrl+q", "quit", "Quit", id="quit", priority=True,
+                tooltip="Quit (stops every reply; the chats are saved)"),
+        Binding("ctrl+p", "command_palette", "Commands", id="command_palette", priority=True,
+                tooltip="Search every command"),
+    ]  # fmt: skip
+
+    def __init__(
+        self,
+        engine_factory: EngineFactory | None,
+        store: HistoryStore | None = None,
+        *,
+        defaults: ChatSettings | None = None,
+        fresh: bool = False,
+        resume: int | None = None,
+        keymap: dict[str, str] | None = None,
+        notices: list[str] | None = None,
+        export_dir: Path | None = None,
+        stats_interval: float = 0.5,
+        fps: float = DEFAULT_FPS,
+    ) -> None:
+        super().__init__()
+        self._engine_factory = engine_factory
+        self.store = store
+        self.defaults = defaults or ChatSettings()
+        self.keymap = dict(keymap or {})
+        self._fresh = fresh
+        self._resume = resume
+        self._notices = list(notices or [])
+        self._export_dir = export_dir
+        self._stats_interval = stats_interval
+        self.bridge = OutputBridge(self, fps=fps)
+        self.client = EngineClient(self.bridge)
+
+    # -- start-up ---------------------------------------------------------------------------
+
+    def get_default_screen(self) -> ChatScreen:
+        return ChatScreen(
+            self.client,
+            self.store,
+            self.defaults,
+            self._restore_sessions(),
+            export_dir=self._export_dir,
+            stats_interval=self._stats_interval,
+        )
+
+    @property
+    def chat_screen(self) -> ChatScreen:
+        screen = self.screen_stack[0]
+        assert isinstance(screen, ChatScreen)
+        return screen
+
+    def _restore_sessions(self) -> list[ChatSession]:
+        """The tabs that were open last time (unless --fresh), plus the one --resume names."""
+        store = self.store
+        if store is None:
+            return []
+        if store.notice:
+            self._notices.append(store.notice)
+        store.purge_reset()  # a reset not undone before quitting is final
+        ids = [] if self._fresh else store.open_tabs()
+        if self._resume is not None:
+            ids = [i for i in ids if i != self._resume] + [self._resume]
+        sessions = []
+        for session_id in ids:
+            record = store.load_session(session_id)
+            if record is None:
+                self._notices.append(f"There is no chat {session_id} in the history.")
+                continue
+            settings = ChatSettings.from_json(record.settings, replace(self.defaults))
+            sessions.append(
+                ChatSession(
+                    settings, store, session_id=record.id, title=record.title,
+                    messages=record.messages,
+                )
+            )  # fmt: skip
+        return sessions
+
+    def on_mount(self) -> None:
+        if self.keymap:
+            self.set_keymap(self.keymap)
+        for notice in self._notices:
+            self.notify(notice, severity="warning", timeout=15)
+        if self._engine_factory is None:
+            self.client.fail("no engine configured")
+        else:
+            self._load_engine(self._engine_factory)
+
+    @work(thread=True, exit_on_error=False, group="engine")
+    def _load_engine(self, factory: EngineFactory) -> None:
+        """Build the engine off the UI thread; report back with a message either way."""
+        try:
+            thread = factory()
+        except Exception as error:  # whatever went wrong, the user must be told
+            self.post_message(EngineFailed(f"{type(error).__name__}: {error}"))
+        else:
+            self.post_message(EngineLoaded(thread))
+
+    async def on_engine_loaded(self, message: EngineLoaded) -> None:
+        self.client.attach(message.thread)
+        await self.chat_screen.engine_ready()
+
+    async def on_engine_failed(self, message: EngineFailed) -> None:
+        self.client.fail(message.error)
+        self.notify(f"The model failed to load: {message.error}", severity="error", timeout=30)
+        await self.chat_screen.engine_failed(message.error)
+
+    # -- streaming --------------------------------------------------------------------------
+
+    async def on_outputs_ready(self, _: OutputsReady) -> None:
+        """The engine has sent something: deliver it now, or at the next frame if one was
+        just drawn (the bridge posts nothing more until it is drained)."""
+        delay = self.bridge.delay_until_next_frame()
+        if delay > 0:
+            self.set_timer(delay, self._deliver)
+        else:
+            await self._deliver()
+
+    async def _deliver(self) -> None:
+        for sink, update in self.client.take_updates():
+            await sink.on_stream_update(update)
+
+    # -- quitting ---------------------------------------------------------------------------
+
+    async def action_quit(self) -> None:
+        """Stop every reply (what streamed is saved), remember the tabs, stop the engine."""
+        await self.chat_screen.stop_all()
+        await self._shutdown_engine()
+        self.exit(0)
+
+    async def _shutdown_engine(self) -> None:
+        await asyncio.to_thread(self.client.shutdown)
+
+    async def on_unmount(self) -> None:
+        await self._shutdown_engine()  # idempotent: also covers exits that skip action_quit

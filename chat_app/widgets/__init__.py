@@ -1,0 +1,1 @@
+"""The widgets of the chat screen: the input, the messages, a chat tab and the status bar."""

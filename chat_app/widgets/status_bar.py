@@ -1,0 +1,59 @@
+"""The status line: the model, this tab's speed, the engine's load, and a tokens/s sparkline."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal
+from textual.widgets import Sparkline, Static
+
+from gpu.outputs import EngineStats, RequestMetrics
+
+SPARK_POINTS = 40  # engine tokens/s samples shown (at the default 0.5 s: the last 20 s)
+
+
+class StatusBar(Horizontal):
+    """Updated by the chat screen from its stats timer; never asks the engine itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._rates: deque[float] = deque([0.0] * SPARK_POINTS, maxlen=SPARK_POINTS)
+
+    def compose(self) -> ComposeResult:
+        yield Static("loading model…", id="status-model", markup=False)
+        yield Static("", id="status-tab", markup=False)
+        yield Static("", id="status-engine", markup=False)
+        yield Static("", id="status-rate", markup=False)
+        yield Sparkline(list(self._rates), id="status-spark")
+
+    def show_model(self, text: str, *, failed: bool = False) -> None:
+        model = self.query_one("#status-model", Static)
+        model.update(text)
+        model.set_class(failed, "error")
+
+    def show_tab(self, metrics: RequestMetrics | None) -> None:
+        """This tab's last reply: decode speed and time to first token."""
+        parts = []
+        if metrics is not None:
+            if (ttft := metrics.time_to_first_token) is not None:
+                parts.append(f"TTFT {ttft * 1000:.0f} ms")
+            if (rate := metrics.tokens_per_s) is not None:
+                parts.append(f"{rate:.1f} tok/s")
+        self.query_one("#status-tab", Static).update(" · ".join(parts) or "–")
+
+    def show_engine(self, stats: EngineStats | None) -> None:
+        """The engine's running/waiting sequences, KV use and prefix-cache hit rate."""
+        engine = self.query_one("#status-engine", Static)
+        rate = self.query_one("#status-rate", Static)
+        if stats is None:
+            engine.update("")
+            rate.update("")
+            return
+        engine.update(
+            f"run {stats.num_running} · wait {stats.num_waiting} · KV {stats.kv_usage:.0%}"
+            f" · prefix hit {stats.prefix_cache_hit_rate:.0%}"
+        )
+        rate.update(f"engine {stats.tokens_per_s:.0f} tok/s")
+        self._rates.append(stats.tokens_per_s)
+        self.query_one(Sparkline).data = list(self._rates)
