@@ -31,7 +31,7 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent.parent))
 
 from gpu.model_weights import random_hf_tensors  # noqa: E402
-from gpu.presets import PRESETS  # noqa: E402
+from gpu.presets import PRESETS, preset_config  # noqa: E402
 
 LONG_TEXT = (
     "The history of the printing press begins in the fifteenth century, when Johannes "
@@ -93,14 +93,7 @@ def llama32_golden() -> None:
     hf = dict(PRESETS["llama-3.2-1b"], num_hidden_layers=2)
     config = LlamaConfig(**{k: v for k, v in hf.items() if k != "architectures"})
 
-    class Shape:  # what random_hf_tensors reads
-        pass
-
-    shape = Shape()
-    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "head_dim", "vocab_size", "tie_word_embeddings"):  # fmt: skip
-        setattr(shape, key, hf[key])
-    tensors = random_hf_tensors(shape, seed=0, std=0.02)
+    tensors = random_hf_tensors(preset_config("llama-3.2-1b", num_hidden_layers=2), seed=0)
     model = LlamaForCausalLM(config).float().eval()
     state = {k: torch.from_numpy(v) for k, v in tensors.items()}
     if config.tie_word_embeddings:
