@@ -104,7 +104,7 @@ class ChatScreen(Screen[None]):
             await self.active_pane.engine_failed(self._client.load_error)
         self.refresh_status()
         if self._stats_interval > 0:
-            self.set_interval(self._stats_interval, self.refresh_status)
+            self.set_interval(self._stats_interval, self.sample_status)
 
     # -- tabs -------------------------------------------------------------------------------
 
@@ -165,11 +165,15 @@ class ChatScreen(Screen[None]):
 
     # -- engine -----------------------------------------------------------------------------
 
-    def refresh_status(self) -> None:
+    def sample_status(self) -> None:
+        """The stats timer: refresh, and add a point to the tokens/s sparkline."""
+        self.refresh_status(sample=True)
+
+    def refresh_status(self, *, sample: bool = False) -> None:
         """Poll the engine's latest stats snapshot (cheap; never waits on the engine)."""
         status = self.query_one(StatusBar)
         status.show_model(self._client.describe(), failed=self._client.load_error is not None)
-        status.show_engine(self._client.stats())
+        status.show_engine(self._client.stats(), sample=sample)
         if self.tabs.active_pane is not None:
             status.show_tab(self.active_pane.last_metrics)
 

@@ -335,6 +335,11 @@ class FakeEngineThread:
             self._budget = (self._budget or 0) + n
             self._cond.notify_all()
 
+    def hold(self) -> None:
+        """Manual mode: take back the steps allowed but not yet run."""
+        with self._cond:
+            self._budget = 0
+
     def wait_idle(self, timeout: float = 5.0) -> bool:
         """Wait until no request is left (in manual mode, only allowed steps run)."""
         deadline = time.monotonic() + timeout

@@ -331,12 +331,21 @@ async def test_the_view_follows_the_stream_unless_the_user_scrolled_up(tmp_path:
         await wait_until(pilot, lambda: len(replies(pane)[0].split()) >= 150, "150 tokens")
         await pilot.pause(0.2)
         assert log.max_scroll_y > 0 and log.scroll_y == log.max_scroll_y
-        log.scroll_home(animate=False)
-        await pilot.pause()
+        await pilot.press("pageup")  # the user scrolls up to read
+        await pilot.pause(0.2)
+        where = log.scroll_y
+        assert where < log.max_scroll_y
         engine.allow_steps(150)
         await wait_until(pilot, lambda: len(replies(pane)[0].split()) >= 300, "300 tokens")
         await pilot.pause(0.2)
-        assert log.scroll_y == 0  # left where the user put it
+        assert log.scroll_y == where  # left where the user put it
+        while log.scroll_y < log.max_scroll_y:  # back down to the bottom: pinned again
+            await pilot.press("pagedown")
+            await pilot.pause(0.05)
+        engine.allow_steps(100)
+        await wait_until(pilot, lambda: not pane.replying, "the end of the reply")
+        await pilot.pause(0.2)
+        assert log.scroll_y == log.max_scroll_y
 
 
 @async_test

@@ -192,8 +192,9 @@ async def test_f1_lists_every_binding_with_its_id(tmp_path: Path) -> None:
         rows = app.chat_screen.shortcuts()
         ids = {binding_id for _, _, binding_id in rows}
         expected = {
-            "send", "newline", "recall_last", "new_chat", "close_chat", "stop_reply",
-            "regenerate", "reset_chat", "undo_reset", "settings", "export", "copy_reply",
+            "send", "newline", "recall_last", "scroll_up", "scroll_down", "new_chat",
+            "close_chat", "stop_reply", "regenerate", "reset_chat", "undo_reset", "settings",
+            "export", "copy_reply",
             "help", "next_tab", "previous_tab", "tab_1 … tab_9", "quit", "command_palette",
         }  # fmt: skip
         assert ids == expected

@@ -31,8 +31,12 @@ class ChatPane(TabPane):
     """A chat tab."""
 
     BINDINGS = [
-        Binding("up", "recall", "Recall last message", id="recall_last", show=False, priority=True)
-    ]
+        Binding("up", "recall", "Recall last message", id="recall_last", show=False, priority=True),
+        Binding("pageup", "scroll_log(-1)", "Scroll up", id="scroll_up", show=False, priority=True,
+                tooltip="Scroll the conversation up a page"),
+        Binding("pagedown", "scroll_log(1)", "Scroll down", id="scroll_down", show=False,
+                priority=True, tooltip="Scroll the conversation down a page"),
+    ]  # fmt: skip
 
     class Changed(Message):
         """The pane's title or streaming state changed (the screen relabels tabs, saves)."""
@@ -54,7 +58,10 @@ class ChatPane(TabPane):
     # -- layout -----------------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
-        with VerticalScroll(classes="chat-log"):
+        # The log never takes focus: the message box keeps it, and PageUp/PageDown scroll the
+        # log from there. (A focusable log in a tab being hidden would get the focus back from
+        # Textual, and with it its tab would be shown again.)
+        with VerticalScroll(classes="chat-log", can_focus=False):
             yield Static(WELCOME, classes="welcome")
             yield from self._message_widgets()
         yield ChatInput(placeholder="Message  (Enter: send · Ctrl+J: new line · ↑: last message)")
@@ -256,6 +263,13 @@ class ChatPane(TabPane):
                 and self._recall_index > 0
             )
         return True
+
+    def action_scroll_log(self, pages: int) -> None:
+        """Scroll the conversation; scrolling up unpins it from the bottom until it is back."""
+        if pages < 0:
+            self.log_view.scroll_page_up()
+        else:
+            self.log_view.scroll_page_down()
 
     def action_recall(self) -> None:
         texts = self.session.user_texts()
