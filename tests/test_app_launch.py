@@ -1,0 +1,54 @@
+"""`tinychat`'s app options and run_app's checks before the UI opens."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from chat_app.launch import add_app_arguments, run_app, settings_from_args
+from chat_app.session import ChatSettings
+from chat_app.terminal_keys import read_escape_digit_as_alt
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_app_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_defaults_are_the_chat_settings_defaults() -> None:
+    args = parse()
+    assert settings_from_args(args) == ChatSettings()
+    assert (args.fresh, args.resume, args.keymap) == (False, None, None)
+
+
+def test_every_option_reaches_the_settings() -> None:
+    args = parse(
+        "--system", "Be brief.", "--temperature", "0", "--top-p", "0.5", "--top-k", "7",
+        "--min-p", "0.1", "--max-tokens", "64", "--seed", "3", "--repetition-penalty", "1.3",
+        "--fresh", "--resume", "12",
+    )  # fmt: skip
+    assert settings_from_args(args) == ChatSettings(
+        system_prompt="Be brief.", temperature=0.0, top_p=0.5, top_k=7, min_p=0.1,
+        max_tokens=64, seed=3, repetition_penalty=1.3,
+    )  # fmt: skip
+    assert (args.fresh, args.resume) == (True, 12)
+
+
+def test_invalid_settings_stop_before_the_ui_opens(capsys) -> None:
+    with pytest.raises(ValueError, match="temperature"):
+        settings_from_args(parse("--temperature", "-1"))
+    assert run_app(parse("--top-p", "0")) == 2
+    assert "tinychat: error: top_p must be in (0, 1], got 0.0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("digit", "19")
+def test_escape_digit_reads_as_alt_digit_for_the_tab_shortcuts(digit: str) -> None:
+    """What xterm, GNOME Terminal or tmux send for Alt+1 reaches the app as alt+1."""
+    from textual._xterm_parser import XTermParser
+
+    read_escape_digit_as_alt()
+    parser = XTermParser()
+    events = [*parser.feed(f"\x1b{digit}"), *parser.feed("")]  # "" : no more bytes came
+    assert [event.key for event in events] == [f"alt+{digit}"]
