@@ -11,10 +11,10 @@ sends comes back through one OutputBridge, drained at most once per frame.
 from __future__ import annotations
 
 import asyncio
+import threading
 from dataclasses import replace
 from pathlib import Path
 
-from textual import work
 from textual.app import App
 from textual.binding import Binding
 from textual.message import Message
@@ -133,9 +133,14 @@ class TinyChatApp(App[int]):
         if self._engine_factory is None:
             self.client.fail("no engine configured")
         else:
-            self._load_engine(self._engine_factory)
+            # A daemon thread rather than a @work(thread=True) worker: Textual's workers run
+            # in an executor that Python joins at exit, so quitting during a long load (CUDA
+            # kernels compiling, say) would hang until the load finished.
+            loader = threading.Thread(
+                target=self._load_engine, args=(self._engine_factory,), daemon=True
+            )
+            loader.start()
 
-    @work(thread=True, exit_on_error=False, group="engine")
     def _load_engine(self, factory: EngineFactory) -> None:
         """Build the engine off the UI thread; report back with a message either way."""
         try:

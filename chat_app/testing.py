@@ -431,6 +431,7 @@ def fake_app(
     thread = FakeEngineThread(engine or FakeEngine(), manual=manual, step_delay=step_delay)
     app_options.setdefault("export_dir", folder / "exports")
     app = TinyChatApp(lambda: thread, HistoryStore.open(folder / "history.db"), **app_options)
+    app.animation_level = "none"  # tab underlines would take 0.3 s to slide at every switch
     return app, thread
 
 

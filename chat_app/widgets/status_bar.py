@@ -59,9 +59,15 @@ class StatusBar(Vertical):
             return
         engine.update(
             f"engine: {stats.num_running} running · {stats.num_waiting} waiting · "
-            f"KV {stats.kv_usage:.0%} used · prefix cache hits {stats.prefix_cache_hit_rate:.0%}"
+            f"KV {_percent(stats.kv_usage)} used · "
+            f"prefix cache hits {_percent(stats.prefix_cache_hit_rate)}"
         )
         rate.update(f"{stats.tokens_per_s:.0f} tok/s")
         if sample:
             self._rates.append(stats.tokens_per_s)
             self.query_one(Sparkline).data = list(self._rates)
+
+
+def _percent(fraction: float) -> str:
+    """A share, with a decimal while it is small (a long chat is 1% of a large KV cache)."""
+    return f"{fraction:.1%}" if 0 < fraction < 0.1 else f"{fraction:.0%}"
