@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 
-from numba import cuda, float32
+from numba import cuda, float32, int32
 
 from gpu.kernels.bf16 import bf16_to_f32, f32_to_bf16
 from gpu.kernels.launch import cdiv, threads
@@ -43,7 +43,7 @@ KT_PAD = KT + 1
 MAX_GROUP = 8  # query heads per KV head
 HD_MAX = 128  # head_dim
 HD_PAD = HD_MAX + 1  # K and Q rows padded by one float: no shared-memory bank conflicts
-ACC = 32  # accumulators per thread: group * head_dim <= ACC * blockDim.x
+ACC = 32  # accumulators per thread: MAX_GROUP * cdiv(HD_MAX, 32) for blocks of >= 32 threads
 MAX_SPLITS = 32
 NEG_INF = float32(-math.inf)
 
@@ -82,6 +82,8 @@ def decode_attention_kernel(
     m_sh = cuda.shared.array(MAX_GROUP, float32)
     l_sh = cuda.shared.array(MAX_GROUP, float32)
     alpha_sh = cuda.shared.array(MAX_GROUP, float32)
+    block_sh = cuda.shared.array(KT, int32)
+    offset_sh = cuda.shared.array(KT, int32)
     acc = cuda.local.array(ACC, float32)
 
     b = cuda.blockIdx.x
@@ -97,39 +99,53 @@ def decode_attention_kernel(
     ctx = seq_lens[b]
     table = b * block_table_stride[0]
 
+    # Each thread owns one dimension `lane_d` of rows lane_r, lane_r + row_step, ... (heads of
+    # q / the accumulator, tokens of a K/V tile), fixed for the whole kernel: the inner loops do
+    # no integer division (64-bit divisions by a runtime value cost ~100 instructions each).
+    if nt >= hd:
+        row_step = nt // hd
+        lane_r = tid // hd if tid < row_step * hd else MAX_GROUP + KT  # spare threads idle
+        lane_d = tid % hd
+        d_step = hd
+    else:  # fewer threads than dimensions (the simulator's 32-thread blocks)
+        row_step = 1
+        lane_r = 0
+        lane_d = tid
+        d_step = nt
+
     # This split's share of the context: whole tiles, the last split possibly short or empty.
     chunk = ((ctx + num_splits - 1) // num_splits + KT - 1) // KT * KT
     start = split * chunk
     end = min(ctx, start + chunk)
 
-    for e in range(tid, group * hd, nt):
-        r = e // hd
-        d = e - r * hd
-        q_sh[r, d] = qkv[row, (kvh * group + r) * hd + d] * float32(scale)
+    for r in range(lane_r, group, row_step):
+        for d in range(lane_d, hd, d_step):
+            q_sh[r, d] = qkv[row, (kvh * group + r) * hd + d] * float32(scale)
     for r in range(tid, group, nt):
         m_sh[r] = NEG_INF
         l_sh[r] = float32(0.0)
     for k in range(ACC):
         acc[k] = float32(0.0)
-    cuda.syncthreads()
 
     for t0 in range(start, end, KT):
         n = min(KT, end - t0)
-        # Gather the tile's K and V rows through the block table (consecutive threads read
-        # consecutive dimensions of one token: coalesced).
-        for e in range(tid, KT * hd, nt):
-            t = e // hd
-            d = e - t * hd
-            if t < n:
-                pos = t0 + t
-                block = block_tables[table + pos // block_size]
-                offset = pos % block_size
-                k_sh[t, d] = bf16_to_f32(k_cache[block, offset, kvh, d])
-                v_sh[t, d] = bf16_to_f32(v_cache[block, offset, kvh, d])
-            else:
-                v_sh[t, d] = float32(0.0)
+        # The physical place of each token of the tile, once per token.
+        if tid < n:
+            pos = t0 + tid
+            block_sh[tid] = block_tables[table + pos // block_size]
+            offset_sh[tid] = pos % block_size
         cuda.syncthreads()
-        # Scores of every (head, token) pair of the tile.
+        # Gather the tile's K and V rows (consecutive threads read consecutive dimensions of
+        # one token: coalesced); rows past the context are zeros in V and masked in S.
+        for t in range(lane_r, KT, row_step):
+            for d in range(lane_d, hd, d_step):
+                if t < n:
+                    k_sh[t, d] = bf16_to_f32(k_cache[block_sh[t], offset_sh[t], kvh, d])
+                    v_sh[t, d] = bf16_to_f32(v_cache[block_sh[t], offset_sh[t], kvh, d])
+                else:
+                    v_sh[t, d] = float32(0.0)
+        cuda.syncthreads()
+        # Scores of every (head, token) pair of the tile (KT is a power of two: no division).
         for e in range(tid, group * KT, nt):
             r = e // KT
             t = e - r * KT
@@ -160,29 +176,28 @@ def decode_attention_kernel(
                 total += s_sh[r, t]
             l_sh[r] = total
         k = 0
-        for e in range(tid, group * hd, nt):
-            r = e // hd
-            d = e - r * hd
-            a = acc[k] * alpha_sh[r]
-            for t in range(n):
-                a += s_sh[r, t] * v_sh[t, d]
-            acc[k] = a
-            k += 1
+        for r in range(lane_r, group, row_step):
+            for d in range(lane_d, hd, d_step):
+                a = acc[k] * alpha_sh[r]
+                for t in range(n):
+                    a += s_sh[r, t] * v_sh[t, d]
+                acc[k] = a
+                k += 1
         cuda.syncthreads()
 
+    cuda.syncthreads()  # an empty split ran no tile: make the initial (m, l) visible
     k = 0
-    for e in range(tid, group * hd, nt):
-        r = e // hd
-        d = e - r * hd
-        h = kvh * group + r
-        if num_splits == 1:
-            value = float32(0.0)
-            if l_sh[r] > 0:
-                value = acc[k] / l_sh[r]
-            out[row, h * hd + d] = f32_to_bf16(value)
-        else:
-            part_acc[((b * num_heads + h) * num_splits + split) * hd + d] = acc[k]
-        k += 1
+    for r in range(lane_r, group, row_step):
+        for d in range(lane_d, hd, d_step):
+            h = kvh * group + r
+            if num_splits == 1:
+                value = float32(0.0)
+                if l_sh[r] > 0:
+                    value = acc[k] / l_sh[r]
+                out[row, h * hd + d] = f32_to_bf16(value)
+            else:
+                part_acc[((b * num_heads + h) * num_splits + split) * hd + d] = acc[k]
+            k += 1
     if num_splits > 1:
         for r in range(tid, group, nt):
             base = ((b * num_heads + kvh * group + r) * num_splits + split) * 2
@@ -262,7 +277,7 @@ def decode_attention(
     nkv, hd = k_cache.shape[2], k_cache.shape[3]
     group = num_heads // nkv
     block = threads(128)
-    if group > MAX_GROUP or hd > HD_MAX or group * hd > ACC * block:
+    if group > MAX_GROUP or hd > HD_MAX or block < 32:
         raise ValueError(f"decode attention supports group <= {MAX_GROUP}, head_dim <= {HD_MAX}")
     decode_attention_kernel[(num_seqs, nkv, num_splits), block, stream](
         qkv, k_cache, v_cache, block_tables, block_table_stride, query_start_loc, seq_lens,

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 
-from numba import cuda, float32
+from numba import cuda, float32, int32
 
 from gpu.kernels.bf16 import bf16_to_f32, f32_to_bf16
 from gpu.kernels.launch import cdiv, threads
@@ -38,7 +38,7 @@ KT_PAD = KT + 1
 R_MAX = 32  # query rows (token, head) per block
 HD_MAX = 128  # head_dim
 HD_PAD = HD_MAX + 1  # K and Q rows padded by one float: no shared-memory bank conflicts
-ACC = 128  # accumulators per thread: R_MAX * head_dim <= ACC * blockDim.x
+ACC = 128  # accumulators per thread: R_MAX * cdiv(HD_MAX, 32) for blocks of >= 32 threads
 NEG_INF = float32(-math.inf)
 
 SIGNATURES = {
@@ -70,6 +70,11 @@ def prefill_attention_kernel(
     m_sh = cuda.shared.array(R_MAX, float32)
     l_sh = cuda.shared.array(R_MAX, float32)
     alpha_sh = cuda.shared.array(R_MAX, float32)
+    row_token_sh = cuda.shared.array(R_MAX, int32)  # qkv / out row of each query row
+    row_col_sh = cuda.shared.array(R_MAX, int32)  # first column of its head
+    row_pos_sh = cuda.shared.array(R_MAX, int32)  # its position: the causal limit
+    block_sh = cuda.shared.array(KT, int32)
+    offset_sh = cuda.shared.array(KT, int32)
     acc = cuda.local.array(ACC, float32)
 
     b = cuda.blockIdx.x
@@ -91,39 +96,53 @@ def prefill_attention_kernel(
     kv_end = p0 + j0 + nq  # tokens this tile's last query sees
     table = b * block_table_stride[0]
 
+    # Fixed (row, dimension) ownership, as in attention_decode: no division in the loops.
+    if nt >= hd:
+        row_step = nt // hd
+        lane_r = tid // hd if tid < row_step * hd else R_MAX + KT  # spare threads idle
+        lane_d = tid % hd
+        d_step = hd
+    else:
+        row_step = 1
+        lane_r = 0
+        lane_d = tid
+        d_step = nt
+
     # Row r is query token j0 + r // group, query head kvh * group + r % group.
-    for e in range(tid, rows * hd, nt):
-        r = e // hd
-        d = e - r * hd
-        token = q_start + j0 + r // group
-        h = kvh * group + r % group
-        q_sh[r, d] = qkv[token, h * hd + d] * float32(scale)
     for r in range(tid, rows, nt):
+        j = r // group
+        row_token_sh[r] = q_start + j0 + j
+        row_col_sh[r] = (kvh * group + r - j * group) * hd
+        row_pos_sh[r] = p0 + j0 + j
         m_sh[r] = NEG_INF
         l_sh[r] = float32(0.0)
     for k in range(ACC):
         acc[k] = float32(0.0)
     cuda.syncthreads()
+    for r in range(lane_r, rows, row_step):
+        for d in range(lane_d, hd, d_step):
+            q_sh[r, d] = qkv[row_token_sh[r], row_col_sh[r] + d] * float32(scale)
 
     for t0 in range(0, kv_end, KT):
         n = min(KT, kv_end - t0)
-        for e in range(tid, KT * hd, nt):
-            t = e // hd
-            d = e - t * hd
-            if t < n:
-                pos = t0 + t
-                block = block_tables[table + pos // block_size]
-                offset = pos % block_size
-                k_sh[t, d] = bf16_to_f32(k_cache[block, offset, kvh, d])
-                v_sh[t, d] = bf16_to_f32(v_cache[block, offset, kvh, d])
-            else:
-                v_sh[t, d] = float32(0.0)
+        if tid < n:
+            pos = t0 + tid
+            block_sh[tid] = block_tables[table + pos // block_size]
+            offset_sh[tid] = pos % block_size
+        cuda.syncthreads()
+        for t in range(lane_r, KT, row_step):
+            for d in range(lane_d, hd, d_step):
+                if t < n:
+                    k_sh[t, d] = bf16_to_f32(k_cache[block_sh[t], offset_sh[t], kvh, d])
+                    v_sh[t, d] = bf16_to_f32(v_cache[block_sh[t], offset_sh[t], kvh, d])
+                else:
+                    v_sh[t, d] = float32(0.0)
         cuda.syncthreads()
         for e in range(tid, rows * KT, nt):
             r = e // KT
             t = e - r * KT
             s = NEG_INF
-            if t < n and t0 + t <= p0 + j0 + r // group:  # causal
+            if t < n and t0 + t <= row_pos_sh[r]:  # causal
                 s = float32(0.0)
                 for d in range(hd):
                     s += q_sh[r, d] * k_sh[t, d]
@@ -150,27 +169,23 @@ def prefill_attention_kernel(
                 total += s_sh[r, t]
             l_sh[r] = total
         k = 0
-        for e in range(tid, rows * hd, nt):
-            r = e // hd
-            d = e - r * hd
-            a = acc[k] * alpha_sh[r]
-            for t in range(n):
-                a += s_sh[r, t] * v_sh[t, d]
-            acc[k] = a
-            k += 1
+        for r in range(lane_r, rows, row_step):
+            for d in range(lane_d, hd, d_step):
+                a = acc[k] * alpha_sh[r]
+                for t in range(n):
+                    a += s_sh[r, t] * v_sh[t, d]
+                acc[k] = a
+                k += 1
         cuda.syncthreads()
 
     k = 0
-    for e in range(tid, rows * hd, nt):
-        r = e // hd
-        d = e - r * hd
-        token = q_start + j0 + r // group
-        h = kvh * group + r % group
-        value = float32(0.0)
-        if l_sh[r] > 0:
-            value = acc[k] / l_sh[r]
-        out[token, h * hd + d] = f32_to_bf16(value)
-        k += 1
+    for r in range(lane_r, rows, row_step):
+        for d in range(lane_d, hd, d_step):
+            value = float32(0.0)
+            if l_sh[r] > 0:
+                value = acc[k] / l_sh[r]
+            out[row_token_sh[r], row_col_sh[r] + d] = f32_to_bf16(value)
+            k += 1
 
 
 def query_tile(num_heads: int, num_kv_heads: int) -> int:
@@ -200,7 +215,7 @@ def prefill_attention(
     group = num_heads // nkv
     block = threads(128)
     qt = query_tile(num_heads, nkv)
-    if group > R_MAX or hd > HD_MAX or qt * group * hd > ACC * block:
+    if group > R_MAX or hd > HD_MAX or block < 32:
         raise ValueError(f"prefill attention supports group <= {R_MAX}, head_dim <= {HD_MAX}")
     grid = (num_seqs, nkv, cdiv(max_query_len, qt))
     prefill_attention_kernel[grid, block, stream](

@@ -11,6 +11,9 @@ from __future__ import annotations
 from numba import config, cuda
 
 SIMULATOR: bool = bool(config.ENABLE_CUDASIM)
+# Decode launches are small on purpose (a grid of one block per sequence and head is the point
+# of a batch-1 step): Numba's "grid size will likely under-utilize the GPU" warning is noise.
+config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
 MAX_THREADS = 1024  # the largest block; shared reduction buffers are sized for it
 
 
