@@ -1,5 +1,5 @@
-"""The tinychat Textual app: opens at once, loads the model in a worker thread, and carries the
-engine's streams to the chat tabs.
+"""The tinychat Textual app: opens at once, loads the model in a background thread, and carries
+the engine's streams to the chat tabs.
 
     TinyChatApp(engine_factory=..., store=HistoryStore.open()).run()
 
@@ -31,12 +31,16 @@ __all__ = ["TinyChatApp", "add_app_arguments", "run_app"]
 
 
 class EngineLoaded(Message):
+    """The loader thread built the engine thread (not started yet: the app starts it)."""
+
     def __init__(self, thread: EngineThread) -> None:
         super().__init__()
         self.thread = thread
 
 
 class EngineFailed(Message):
+    """The model could not be loaded; `error` says why, for the user."""
+
     def __init__(self, error: str) -> None:
         super().__init__()
         self.error = error

@@ -27,7 +27,7 @@ class ChatInput(TextArea):
         """
         if not event.is_printable:
             active = self.screen.active_bindings.get(event.key)
-            if active is not None and active.node is self:
+            if active is not None and active.node is self and active.enabled:
                 event.stop()
                 event.prevent_default()
                 await self.run_action(active.binding.action)
