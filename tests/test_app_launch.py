@@ -52,3 +52,20 @@ def test_escape_digit_reads_as_alt_digit_for_the_tab_shortcuts(digit: str) -> No
     parser = XTermParser()
     events = [*parser.feed(f"\x1b{digit}"), *parser.feed("")]  # "" : no more bytes came
     assert [event.key for event in events] == [f"alt+{digit}"]
+
+
+def test_keymap_file_is_read_and_bad_ones_are_reported(tmp_path) -> None:
+    from chat_app.keymap import load_keymap
+
+    assert load_keymap(tmp_path / "missing.json") == ({}, None)
+    good = tmp_path / "keymap.json"
+    good.write_text('{"new_chat": "ctrl+t", "close_chat": "ctrl+x,f8"}')
+    assert load_keymap(good) == ({"new_chat": "ctrl+t", "close_chat": "ctrl+x,f8"}, None)
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    keymap, error = load_keymap(broken)
+    assert keymap == {} and error is not None and str(broken) in error
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text('["new_chat", "ctrl+t"]')
+    keymap, error = load_keymap(wrong)
+    assert keymap == {} and error is not None and "binding_id" in error
