@@ -1,0 +1,21 @@
+"""The GPU kernels: Numba `@cuda.jit` functions, one concern per file, each next to a small
+launcher and pointing at its numpy twin (the matching method of gpu/backends/cpu.py, or
+gpu/sampling/numpy_sampler.py for the sampler).
+
+    bf16.py              bf16 <-> fp32 bit shim (runs in the CUDA simulator too)
+    block_reduce.py      block-wide sum / max / argmax through shared memory
+    embedding.py         token embedding lookup, gather_rows
+    rmsnorm.py           rmsnorm, add_rmsnorm (residual add fused)
+    rope_kv.py           rotate-half RoPE fused with the paged KV-cache write
+    attention_decode.py  paged decode attention, GQA, online softmax, split-KV + reduce
+    attention_prefill.py paged causal attention for prefill chunks and mixed batches
+    activation.py        silu(gate) * up
+    sampling.py          greedy / temperature / top-k / top-p / min-p / penalties / bans
+    launch.py            the simulator switch and block sizes
+
+Matrix products are not here: they go through cuBLAS (gpu/backends/cuda/cublas.py).
+
+Kernels compile on first use (once per process per argument types) and are cached on disk
+(`cache=True`). Numba keys that cache on the kernel's own file only: after editing a helper
+they import (bf16.py, block_reduce.py), clear the __pycache__ of gpu/kernels/.
+"""
