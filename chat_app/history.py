@@ -108,6 +108,12 @@ class HistoryStore:
                 "UPDATE sessions SET settings = ? WHERE id = ?", (settings, session_id)
             )
 
+    def delete_session(self, session_id: int) -> None:
+        """Forget a session and its messages."""
+        with self._db:
+            self._db.execute("DELETE FROM messages WHERE session_id = ?", (session_id,))
+            self._db.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
+
     def load_session(self, session_id: int) -> SessionRecord | None:
         row = self._db.execute(
             "SELECT id, title, settings FROM sessions WHERE id = ?", (session_id,)

@@ -173,6 +173,11 @@ class ChatSession:
             return None
         message = self._messages.pop()
         self._delete(message)
+        if not self._messages and self._undo is None and self.id is not None:
+            if self._store is not None:  # it was this chat's only message: no chat is left
+                self._store.delete_session(self.id)
+            self.id = None
+            self._title = ""
         return message.content
 
     def begin_reply(self) -> ChatMessage:

@@ -216,6 +216,9 @@ async def test_a_prompt_longer_than_the_context_is_refused_in_the_tab(tmp_path: 
         assert notice.has_class("error")
         assert pane.session.messages == [] and not pane.query(UserMessage)
         assert pane.input.text == long_text.strip()  # handed back for editing
+        assert app.store.list_sessions() == []  # no empty chat left in the history
+        tab = app.chat_screen.tabs.get_tab(pane)
+        await wait_until(pilot, lambda: str(tab.label) == "1 New chat", "the title reset")
         pane.input.clear()
         await send(pilot, "short")
         await wait_until(pilot, lambda: done(pane) and replies(pane), "a reply to a short one")
