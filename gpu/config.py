@@ -15,6 +15,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9  # fraction of the GPU's memory tinychat may use
     cpu_kv_cache_bytes: int = 1 << 30  # the cpu backend's KV cache (vLLM's CPU KV space)
     enable_prefix_caching: bool = True
+    enforce_eager: bool = False  # cuda: never replay CUDA graphs (vLLM's name)
     seed: int = 0  # seeds the seeds of requests that bring none
 
     def __post_init__(self) -> None:

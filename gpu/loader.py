@@ -52,7 +52,7 @@ def build_engine(
         c.num_hidden_layers, num_blocks, config.block_size, c.num_key_value_heads, c.head_dim
     )
     executor = getattr(backend, "create_executor", None)
-    executor = executor(model) if executor else EagerExecutor(model, backend)
+    executor = executor(model, config) if executor else EagerExecutor(model, backend)
     return LLMEngine(
         executor,
         tokenizer,

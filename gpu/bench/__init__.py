@@ -46,6 +46,12 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--enforce-eager", action="store_true", help="cuda: no CUDA graphs")
+    p.add_argument(
+        "--capture-at-start",
+        action="store_true",
+        help="cuda: capture every graph bucket before the workloads (default: lazily)",
+    )
     p.add_argument(
         "--compare",
         choices=("hf",),
@@ -65,6 +71,7 @@ def _build(args: argparse.Namespace):
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        enforce_eager=args.enforce_eager,
     )
     if args.config is None:
         from gpu.loader import create_engine
@@ -115,6 +122,10 @@ def run_bench(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     engine, tensors, label = _build(args)
     startup_s = time.perf_counter() - t0
+    executor = engine.runner.executor
+    capture_at_start_s = None
+    if args.capture_at_start and hasattr(executor, "capture_all"):
+        capture_at_start_s = executor.capture_all()
     config = engine.model_config
     ceilings = _ceilings(engine)
     weight_bytes = 2 if engine.device == "cuda" else 4
@@ -128,6 +139,7 @@ def run_bench(args: argparse.Namespace) -> int:
         "params": roofline.count_params(config),
         "kv_capacity_tokens": engine.kv_capacity_tokens,
         "startup_s": startup_s,
+        "capture_at_start_s": capture_at_start_s,
         "ceilings": dataclasses.asdict(ceilings),
     }
 
@@ -168,6 +180,8 @@ def run_bench(args: argparse.Namespace) -> int:
     if "chat" in chosen:
         r = workloads.chat_run(engine, args.sessions, args.turns, long_prompt=args.long_prompt)
         results["chat"] = {k: v for k, v in dataclasses.asdict(r).items() if k != "ttfts_ms"}
+    results["graph_capture_s"] = getattr(executor, "capture_time_s", None)
+    results["graph_buckets"] = sorted(getattr(executor, "graphs", {}))
     if args.compare == "hf":
         from gpu.bench.hf_reference import run_hf
 

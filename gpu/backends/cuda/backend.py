@@ -95,10 +95,10 @@ class CudaBackend:
         )  # fmt: skip
         return int(blocks)
 
-    def create_executor(self, model: Any) -> Any:
+    def create_executor(self, model: Any, config: Any = None) -> Any:
         from gpu.backends.cuda.executor import CudaExecutor
 
-        return CudaExecutor(model, self)
+        return CudaExecutor(model, self, config)
 
     def reserve_attention_scratch(
         self, max_seqs: int, num_heads: int, num_kv_heads: int, head_dim: int

@@ -24,6 +24,7 @@ import numpy as np
 from gpu.backends.cuda.sampler import DeviceSampler, sampler_fields
 from gpu.backends.cuda.staging import Staging
 from gpu.forward_batch import ForwardBatch
+from gpu.kernels.launch import SIMULATOR
 from gpu.model import LlamaModel
 from gpu.sampling import SamplingMetadata
 
@@ -79,6 +80,34 @@ class StepInputs:
         h["block_tables"][: s * width] = np.asarray(batch.block_tables).reshape(-1)
         return self.staging.end_of("block_tables", s * width)
 
+    def pad_decode(self, n: int, rows: int) -> None:
+        """Rows n..rows-1 of a padded decode step: no KV write, an empty context."""
+        h = self.staging.host
+        h["input_ids"][n:rows] = 0
+        h["positions"][n:rows] = 0
+        h["slot_mapping"][n:rows] = -1
+        h["query_start_loc"][n + 1 : rows + 1] = np.arange(n + 1, rows + 1, dtype=np.int32)
+        h["seq_lens"][n:rows] = 0
+        h["logits_indices"][n:rows] = np.arange(n, rows, dtype=np.int32)
+
+    def decode_batch(self, rows: int) -> DeviceForwardBatch:
+        """The fixed device views of a decode step of `rows` sequences (a graph bucket)."""
+        d = self.staging.device
+        return DeviceForwardBatch(
+            num_tokens=rows,
+            num_seqs=rows,
+            input_ids=d["input_ids"][:rows],
+            positions=d["positions"][:rows],
+            slot_mapping=d["slot_mapping"][:rows],
+            query_start_loc=d["query_start_loc"][: rows + 1],
+            seq_lens=d["seq_lens"][:rows],
+            block_tables=d["block_tables"],
+            logits_indices=d["logits_indices"][:rows],
+            max_query_len=1,
+            max_seq_len=0,  # not read by the decode kernels: shapes come from seq_lens
+            block_table_stride=d["block_table_stride"],
+        )
+
     def device_batch(self, batch: ForwardBatch) -> DeviceForwardBatch:
         """The same batch over the device views (sliced to this step's sizes)."""
         d = self.staging.device
@@ -100,7 +129,18 @@ class StepInputs:
 
 
 class CudaExecutor:
-    def __init__(self, model: LlamaModel, backend: Any) -> None:
+    """Runs steps on the GPU. Decode steps are padded to a batch-size bucket and, unless
+    enforce_eager, replayed from a CUDA graph captured the first time the bucket is used
+    (gpu/backends/cuda/graphs.py); prefill and mixed steps, and steps whose sampling needs
+    variable-length data (penalties, min_tokens bans), run eagerly.
+
+    Eager decode steps are padded to the same buckets, so a graph replays exactly the launches
+    (and cuBLAS algorithms) of the eager step it was captured from: same bits, same tokens.
+    """
+
+    def __init__(self, model: LlamaModel, backend: Any, config: Any = None) -> None:
+        from gpu.backends.cuda.graphs import capture_buckets
+
         self.model = model
         self.backend = backend
         max_tokens = model.residual.shape[0]
@@ -113,8 +153,17 @@ class CudaExecutor:
         backend.reserve_attention_scratch(
             max_seqs, model.num_heads, model.num_kv_heads, model.head_dim
         )
+        # The simulator has no driver to capture with: eager there (padding still exercised).
+        self.enforce_eager = SIMULATOR or bool(getattr(config, "enforce_eager", False))
+        self.buckets = capture_buckets(min(max_seqs, max_tokens))
+        self.graphs: dict[int, Any] = {}
+        self._decode_batches: dict[int, DeviceForwardBatch] = {}
+        self.capture_time_s = 0.0
 
     def execute(self, batch: ForwardBatch, metadata: SamplingMetadata) -> np.ndarray:
+        bucket = self._decode_bucket(batch, metadata)
+        if bucket is not None:
+            return self._execute_decode(batch, metadata, bucket)
         nbytes = self.inputs.stage(batch)
         num_logits = metadata.num_rows
         if num_logits:
@@ -127,3 +176,66 @@ class CudaExecutor:
         self.sampler.launch(logits)
         self.backend.check("sample")
         return self.sampler.fetch(num_logits)
+
+    # --- decode: padded to a bucket, replayed from a graph --------------------------------
+    def _decode_bucket(self, batch: ForwardBatch, md: SamplingMetadata) -> int | None:
+        from gpu.backends.cuda.graphs import bucket_for
+
+        is_decode = batch.max_query_len == 1 and batch.num_tokens == batch.num_seqs
+        if not is_decode or md.num_rows != batch.num_seqs or batch.num_seqs == 0:
+            return None
+        if md.has_penalties or md.banned_token_ids is not None:
+            return None  # variable-length sampling inputs: eager
+        return bucket_for(batch.num_seqs, self.buckets)
+
+    def _execute_decode(self, batch: ForwardBatch, md: SamplingMetadata, bucket: int):
+        n = batch.num_seqs
+        nbytes = self.inputs.stage(batch)
+        self.inputs.pad_decode(n, bucket)
+        self.sampler.stage(md)
+        self.sampler.pad(n, bucket)
+        self.inputs.staging.upload(nbytes)
+        graph = self.graphs.get(bucket)
+        if graph is not None:
+            graph.replay()
+        else:
+            self._decode_step(bucket)  # eager (also the warm-up before a capture)
+            if not self.enforce_eager:
+                self._capture(bucket)
+        return self.sampler.fetch(n)
+
+    def _decode_step(self, bucket: int) -> None:
+        if bucket not in self._decode_batches:
+            self._decode_batches[bucket] = self.inputs.decode_batch(bucket)
+        logits = self.model.forward(self._decode_batches[bucket], bucket)
+        self.sampler.launch(logits)
+
+    def capture_all(self) -> float:
+        """Capture every bucket now (instead of lazily); returns the seconds it took.
+
+        Each bucket runs once eagerly on an all-padding step (no KV write) to compile its
+        kernels and settle cuBLAS, then is captured."""
+        import time
+
+        t0 = time.perf_counter()
+        for bucket in self.buckets:
+            if bucket in self.graphs:
+                continue
+            self.inputs.pad_decode(0, bucket)
+            self.inputs.staging.host["block_table_stride"][0] = 0
+            self.sampler.pad(0, bucket)
+            self.inputs.staging.upload(self.inputs.staging.end_of("block_tables", 0))
+            self._decode_step(bucket)
+            if not self.enforce_eager:
+                self._capture(bucket)
+        self.backend.synchronize()
+        return time.perf_counter() - t0
+
+    def _capture(self, bucket: int) -> None:
+        import time
+
+        from gpu.backends.cuda.graphs import CudaGraph
+
+        t0 = time.perf_counter()
+        self.graphs[bucket] = CudaGraph(self.backend.stream, lambda: self._decode_step(bucket))
+        self.capture_time_s += time.perf_counter() - t0

@@ -92,6 +92,22 @@ class DeviceSampler:
                 self._history = self._grow(self._history, flat.size)
                 self._history[: flat.size].copy_to_device(flat, stream=self.stream)
 
+    def pad(self, n: int, rows: int) -> None:
+        """Rows n..rows-1 of a padded (graph) step: greedy, nothing banned, no history."""
+        f = self.staging.host["fparams"]
+        f[:, n:rows] = 0.0
+        f[k.F_TOP_P, n:rows] = 1.0
+        f[k.F_REPETITION, n:rows] = 1.0
+        u = self.staging.host["uparams"]
+        u[:, n:rows] = 0
+        i = self.staging.host["iparams"]
+        i[k.I_TOP_K, n:rows] = 0
+        i[k.I_PROMPT_LEN, n:rows] = 0
+        if n == 0:
+            i[k.I_BANNED, 0] = i[k.I_HISTORY, 0] = 0
+        i[k.I_BANNED, n + 1 : rows + 1] = i[k.I_BANNED, n]
+        i[k.I_HISTORY, n + 1 : rows + 1] = i[k.I_HISTORY, n]
+
     def launch(self, logits) -> None:
         """Sample every row of logits [n, V] into self.out[:n] (on the stream, no sync)."""
         n = logits.shape[0]
