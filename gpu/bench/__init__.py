@@ -99,7 +99,7 @@ def _build(args: argparse.Namespace):
 
 
 def _ceilings(engine):
-    backend = getattr(engine.runner.executor, "backend", None)
+    backend = getattr(engine.runner.executor.model, "backend", None)
     measure = getattr(backend, "measure_ceilings", None)
     if measure is not None:
         return measure()
@@ -199,7 +199,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def _device_name(engine) -> str:
-    backend = getattr(engine.runner.executor, "backend", None)
+    backend = getattr(engine.runner.executor.model, "backend", None)
     name = getattr(backend, "device_name", None)
     return name() if callable(name) else platform.processor() or "cpu"
 

@@ -114,6 +114,37 @@ class CudaBackend:
         if self._part_ml.shape[0] < ml:
             self._part_ml = cuda.device_array(ml, np.float32, stream=self.stream)
 
+    def device_name(self) -> str:
+        name = cuda.get_current_device().name
+        return name.decode() if isinstance(name, bytes) else str(name)
+
+    def measure_ceilings(self):
+        """The two ceilings of the roofline, measured here (the bench's floors use them):
+        a 1 GiB device-to-device copy (bytes read + written) and a bf16 8192^3 cuBLAS GEMM.
+        Random data, not zeros (zeros run faster), timed with CUDA events after a warm-up."""
+        from gpu.bench.roofline import Ceilings
+
+        def time_us(fn, reps: int) -> float:
+            fn()
+            start, end = cuda.event(), cuda.event()
+            start.record(self.stream)
+            for _ in range(reps):
+                fn()
+            end.record(self.stream)
+            end.synchronize()
+            return cuda.event_elapsed_time(start, end) * 1e3 / reps
+
+        n = 1 << 30
+        a = cuda.device_array(n, np.uint8, stream=self.stream)
+        b = cuda.device_array(n, np.uint8, stream=self.stream)
+        copy_us = time_us(lambda: b.copy_to_device(a, stream=self.stream), 10)
+        m = 8192
+        rng = np.random.default_rng(0)
+        x = cuda.to_device(to_bf16_bits(rng.standard_normal((m, m), np.float32)), self.stream)
+        y = cuda.device_array((m, m), np.float32, stream=self.stream)
+        gemm_us = time_us(lambda: self.gemm.linear(x, x, y), 10)
+        return Ceilings(2 * n / (copy_us * 1e-6), 2 * m**3 / (gemm_us * 1e-6), self.device_name())
+
     def to_host(self, array: Any) -> np.ndarray:
         """A host copy; bf16 ("act") arrays come back as float32 values."""
         host = array.copy_to_host(stream=self.stream)

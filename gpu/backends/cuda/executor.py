@@ -154,7 +154,10 @@ class CudaExecutor:
             max_seqs, model.num_heads, model.num_kv_heads, model.head_dim
         )
         # The simulator has no driver to capture with: eager there (padding still exercised).
-        self.enforce_eager = SIMULATOR or bool(getattr(config, "enforce_eager", False))
+        # Debug mode synchronises after every op, which a capture cannot contain: eager too.
+        self.enforce_eager = (
+            SIMULATOR or backend.debug or bool(getattr(config, "enforce_eager", False))
+        )
         self.buckets = capture_buckets(min(max_seqs, max_tokens))
         self.graphs: dict[int, Any] = {}
         self._decode_batches: dict[int, DeviceForwardBatch] = {}
