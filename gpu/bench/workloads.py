@@ -74,10 +74,15 @@ def decode_run(engine: LLMEngine, batch: int, prompt_len: int, new_tokens: int) 
     )
 
 
-def warm_up(engine: LLMEngine, batches: list[int]) -> None:
-    """Run each batch size briefly (compiles kernels, captures graphs, touches memory)."""
+def warm_up(engine: LLMEngine, batches: list[int], seconds: float = 2.0) -> None:
+    """Run each batch size briefly (compiles kernels, captures graphs, touches memory), then
+    keep decoding for a couple of seconds: an idle GPU clocks down (345 MHz seen on the H200)
+    and the first timed workload would pay for the ramp."""
     for b in batches:
         decode_run(engine, b, 32, 4)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        decode_run(engine, max(batches), 32, 32)
 
 
 @dataclass
