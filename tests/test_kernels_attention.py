@@ -2,7 +2,8 @@
 token, contexts that are not a multiple of the block size (last block partly full), GQA ratios
 3 and 4, head_dim 64, several sequences of different lengths, prefill chunks starting
 mid-sequence, split-KV decode (including empty splits). Unused cache slots hold NaN, outputs
-start as NaN."""
+start as NaN.
+The prefill kernel's tests are in test_kernels_prefill.py."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from kernel_helpers import assert_close, cpu_attention, fresh_rng, paged_case, p
 from numba import cuda
 
 from gpu.kernels.attention_decode import decode_attention, partial_sizes
-from gpu.kernels.attention_prefill import prefill_attention
 from gpu.kernels.bf16 import from_bf16_bits
 
 RTOL, ATOL = 2.0**-7, 2e-3  # bf16 output rounding, fp32 sums in another order
@@ -55,26 +55,6 @@ def test_decode_attention(seq_lens, num_heads, num_kv_heads, head_dim, block_siz
     )
     assert_close(
         from_bf16_bits(synced(out)), cpu_attention(case), RTOL, ATOL, seed, "decode attention"
-    )
-
-
-@pytest.mark.parametrize(
-    "seq_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size",
-    [
-        ([1, 20, 30], [1, 7, 12], 6, 2, 64, 16),  # GQA 3; chunks start at 0, 13 and 18
-        ([11, 24], [11, 24], 8, 2, 16, 16),  # GQA 4, whole prompts, last block partly full
-        ([37, 9], [5, 1], 4, 1, 32, 8),  # a decode row inside a mixed batch
-    ],
-)
-def test_prefill_attention(seq_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size):
-    rng, seed = fresh_rng()
-    case = paged_case(rng, seq_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size)
-    out = poisoned((case.batch.num_tokens, num_heads * head_dim), np.uint16)
-    prefill_attention(
-        *_device_args(case), len(seq_lens), max(query_lens), num_heads, head_dim**-0.5, out
-    )
-    assert_close(
-        from_bf16_bits(synced(out)), cpu_attention(case), RTOL, ATOL, seed, "prefill attention"
     )
 
 

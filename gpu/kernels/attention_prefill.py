@@ -1,25 +1,65 @@
 """Attention for prefill chunks (and mixed batches): many query tokens per sequence over the
-paged cache, causal, tiled through shared memory, online softmax.
+paged cache, causal, flash-attention style (tiles in shared memory, register tiles of scores,
+online softmax, P @ V accumulated in registers).
 
-Sequence b owns query rows [qsl[b], qsl[b+1]) of this step; they are the last q_len tokens of
-its context of seq_lens[b] tokens, so query j sits at position p0 + j with p0 = seq_len - q_len
-(p0 > 0 when the chunk starts mid-sequence: an earlier chunk or a cached prefix is already in
-the cache, and rope_kv has just written this chunk's K and V behind it). Query j may attend to
-context positions 0..p0 + j.
+What it computes. Sequence b owns query rows [qsl[b], qsl[b+1]) of this step; they are the last
+q_len tokens of its context of seq_lens[b] tokens, so query j sits at position p0 + j with
+p0 = seq_len - q_len (p0 > 0 when the chunk starts mid-sequence: an earlier chunk or a cached
+prefix is already in the cache, and rope_kv has just written this chunk's K and V behind it).
+Query j attends to context positions 0..p0 + j. A sequence with 0 rows has nothing to do; one
+with 1 row is a decode row riding in a prefill step.
 
-* One thread block per (sequence, KV head, query tile). A query tile holds QT consecutive query
-  tokens times the `group` query heads of the KV head: R = QT * group <= R_MAX rows, so each K/V
-  tile loaded into shared memory serves all R rows (the GQA sharing of the decode kernel, plus
-  reuse across query tokens).
-* The block walks the context in KV tiles of KT tokens up to its last query's position (the
-  causal mask also bounds the work), gathering K and V through the block table into shared
-  memory, scoring all (row, token) pairs out of shared memory, and folding the tile into the
-  rows' running max, sum and accumulator (online softmax, one pass over the context).
-* A thread owns fixed (row, dimension) accumulators in registers/local memory, so the rescale
-  and the P @ V update need no barrier between them.
+History. The first version (issue 4) gave each thread fixed (row, dimension) accumulators and
+did every step of the softmax with a block-wide barrier and a serial loop per row: 14 ms for a
+1,024-token chunk over a 3,024-token context at Llama-3.2-1B shapes on the H200, about
+1.5 TFLOP/s of the ~60 the chip does in fp32. Each score was a 64-long dot product read out of
+shared memory by one thread (two shared loads per FMA), and six barriers cut every 16-token tile.
 
-The grid's third dimension, cdiv(max_query_len, QT), is a host value of the step: prefill runs
+The design now (a GEMM-shaped kernel, flash-attention v2 without tensor cores):
+
+* One thread block per (query tile, KV head, sequence). A query tile is BQ consecutive query
+  tokens times the `group` query heads that share the KV head (GQA): ROWS = BQ * group query
+  rows (rounded up to the tile; the spare rows idle). Llama-3.2-1B: 16 tokens x 4 heads = 64.
+* The block walks the context in KV tiles of BK tokens, only up to its last query's position:
+  tiles beyond the diagonal are never touched, and only the tiles that cross it pay for the
+  mask. Each KV tile is gathered through the block table into shared memory, converted from
+  bf16 once, two values per 32-bit load (the caches are read through a uint32 view).
+* Threads form a NTY x NTX grid (NTX = BK / TN lanes of a warp share rows). Thread (ty, tx)
+  owns TM rows (ty + i * NTY) and, of each KV tile, TN keys (tx + j * NTX): it computes a TM x TN
+  register tile of S = Q K^T out of shared memory, reading 4 dimensions of each of its rows and
+  keys with one 128-bit load: (TM + TN) / 4 loads per TM * TN FMAs, where the old kernel did 2
+  per FMA. The row max of a tile is a 3-step xor shuffle among the NTX lanes of the row; the row
+  sum is kept per thread and reduced once, at the very end.
+* Online softmax per row (running max m, sum l): P = exp(S - m_new) goes to shared memory, and
+  the same thread owns the same TM rows of O = P V in registers (TM x HD/NTX of them), so the
+  rescale by exp(m_old - m_new) needs no barrier: two barriers per KV tile in all.
+* Everything that shapes the loops (head_dim, group, block size, the tile sizes) is a constant
+  of a specialised kernel (`_build`, a closure per configuration), so the register tiles are
+  local arrays indexed only by unrolled constants: registers, not local memory.
+* Decode rows in a mixed batch would waste 15 of every 16 query slots of a tile, at the cost of
+  a full tile walk over their context. So the launcher runs two specialisations over the same
+  grid of sequences: a "narrow" one (ROWS = 16, BQ = 16 / group) for the sequences with at most
+  BQ_narrow rows, and the "wide" one for the others; a block of the wrong kind exits at once.
+* Heaviest first: the last query tiles of a sequence see the most context, so blockIdx.x counts
+  tiles from the end and the long blocks start in the first wave.
+
+The expected rate at Llama-3.2-1B shapes (head_dim 64, wide tiles ROWS 64, BK 32, TM = TN = 4,
+128 threads; ptxas for sm_90: 128 registers, no local memory, 44.5 KB of shared memory, so 4
+blocks = 16 warps per SM): per warp and KV tile, S = Q K^T is 16 steps of (8 128-bit shared
+loads + 64 FMAs) and O += P V is 8 steps of (12 loads + 128 FMAs): 2,048 FMAs against 224 loads,
+so shared memory no longer bounds it (an SM issues 4 FMA warp-instructions a clock, and about
+one shared-load wavefront; the lanes that share an address get it by broadcast). The FMAs alone
+would take 512 clocks per SM, the full 60 TFLOP/s; the ~600 other instructions per warp and tile
+(address arithmetic, exps and the mask, the gather, shuffles) and two barriers share the issue
+slots, so the ceiling is ~40 TFLOP/s and we expect 20-30: about 1 ms for the 1,024 x 3,024
+chunk (21 GFLOP) that took 14 ms. tests/device/bench_prefill.py measures it, and the other tile
+shapes (TM = 8 halves the loads again at the cost of registers).
+
+The grid's query-tile count, cdiv(max_query_len, BQ), is a host value of the step: prefill runs
 eagerly (or one graph per token bucket). Decode-only steps use attention_decode.
+
+The CUDA simulator has no warp shuffles: there (launch.SIMULATOR) the row reductions go through
+a small shared array with barriers, and the tiles are smaller (launch.threads: one warp).
 
 numpy twin: CpuBackend.attention (gpu/backends/cpu.py).
 """
@@ -27,170 +67,341 @@ numpy twin: CpuBackend.attention (gpu/backends/cpu.py).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from functools import cache
 
-from numba import cuda, float32, int32
+import numpy as np
+from numba import cuda, float32, int32, uint32, uint64
 
-from gpu.kernels.bf16 import bf16_to_f32, f32_to_bf16
-from gpu.kernels.launch import cdiv, threads
+from gpu.kernels.bf16 import bits_f32, f32_to_bf16
+from gpu.kernels.launch import SIMULATOR, cdiv, device_function
 
-KT = 16  # context tokens per tile
-KT_PAD = KT + 1
-R_MAX = 32  # query rows (token, head) per block
-HD_MAX = 128  # head_dim
-HD_PAD = HD_MAX + 1  # K and Q rows padded by one float: no shared-memory bank conflicts
-ACC = 128  # accumulators per thread: R_MAX * cdiv(HD_MAX, 32) for blocks of >= 32 threads
 NEG_INF = float32(-math.inf)
-
-SIGNATURES = {
-    "prefill_attention_kernel": [
-        "void(float32[:, ::1], uint16[:, :, :, ::1], uint16[:, :, :, ::1], int32[::1],"
-        " int32[::1], int32[::1], int32[::1], int64, int64, float64, uint16[:, ::1])"
-    ]
-}
+SHARED_BYTES = 48 * 1024  # static shared memory per block
+FULL_MASK = 0xFFFFFFFF
 
 
-@cuda.jit(cache=True)
-def prefill_attention_kernel(
-    qkv,
-    k_cache,
-    v_cache,
-    block_tables,
-    block_table_stride,
-    query_start_loc,
-    seq_lens,
-    num_heads,
-    q_tile,
-    scale,
-    out,
-):
-    q_sh = cuda.shared.array((R_MAX, HD_PAD), float32)
-    k_sh = cuda.shared.array((KT, HD_PAD), float32)
-    v_sh = cuda.shared.array((KT, HD_MAX), float32)
-    s_sh = cuda.shared.array((R_MAX, KT_PAD), float32)
-    m_sh = cuda.shared.array(R_MAX, float32)
-    l_sh = cuda.shared.array(R_MAX, float32)
-    alpha_sh = cuda.shared.array(R_MAX, float32)
-    row_token_sh = cuda.shared.array(R_MAX, int32)  # qkv / out row of each query row
-    row_col_sh = cuda.shared.array(R_MAX, int32)  # first column of its head
-    row_pos_sh = cuda.shared.array(R_MAX, int32)  # its position: the causal limit
-    block_sh = cuda.shared.array(KT, int32)
-    offset_sh = cuda.shared.array(KT, int32)
-    acc = cuda.local.array(ACC, float32)
+@dataclass(frozen=True)
+class Tiles:
+    """A tile configuration: ROWS query rows (token, head) and BK keys per block, each thread a
+    TM x TN tile of scores."""
 
-    b = cuda.blockIdx.x
-    kvh = cuda.blockIdx.y
-    tid = cuda.threadIdx.x
-    nt = cuda.blockDim.x
-    block_size = k_cache.shape[1]
-    nkv = k_cache.shape[2]
-    hd = k_cache.shape[3]
-    group = num_heads // nkv
-    q_start = query_start_loc[b]
-    q_len = query_start_loc[b + 1] - q_start
-    j0 = cuda.blockIdx.z * q_tile
-    if j0 >= q_len:
-        return  # the whole block leaves together: this sequence has fewer query tiles
-    nq = min(q_tile, q_len - j0)
-    rows = nq * group
-    p0 = seq_lens[b] - q_len  # position of query 0 of this sequence's chunk
-    kv_end = p0 + j0 + nq  # tokens this tile's last query sees
-    table = b * block_table_stride[0]
+    rows: int
+    bk: int
+    tm: int
+    tn: int
 
-    # Fixed (row, dimension) ownership, as in attention_decode: no division in the loops.
-    if nt >= hd:
-        row_step = nt // hd
-        lane_r = tid // hd if tid < row_step * hd else R_MAX + KT  # spare threads idle
-        lane_d = tid % hd
-        d_step = hd
-    else:
-        row_step = 1
-        lane_r = 0
-        lane_d = tid
-        d_step = nt
+    @property
+    def nty(self) -> int:
+        return self.rows // self.tm
 
-    # Row r is query token j0 + r // group, query head kvh * group + r % group.
-    for r in range(tid, rows, nt):
-        j = r // group
-        row_token_sh[r] = q_start + j0 + j
-        row_col_sh[r] = (kvh * group + r - j * group) * hd
-        row_pos_sh[r] = p0 + j0 + j
-        m_sh[r] = NEG_INF
-        l_sh[r] = float32(0.0)
-    for k in range(ACC):
-        acc[k] = float32(0.0)
-    cuda.syncthreads()
-    for r in range(lane_r, rows, row_step):
-        for d in range(lane_d, hd, d_step):
-            q_sh[r, d] = qkv[row_token_sh[r], row_col_sh[r] + d] * float32(scale)
+    @property
+    def ntx(self) -> int:
+        return self.bk // self.tn
 
-    for t0 in range(0, kv_end, KT):
-        n = min(KT, kv_end - t0)
-        if tid < n:
-            pos = t0 + tid
-            block_sh[tid] = block_tables[table + pos // block_size]
-            offset_sh[tid] = pos % block_size
+    @property
+    def threads(self) -> int:
+        return self.nty * self.ntx
+
+    def query_tokens(self, group: int) -> int:
+        """BQ: the query tokens of a block."""
+        return self.rows // group
+
+    def shared_bytes(self, head_dim: int, simulator: bool = SIMULATOR) -> int:
+        floats = (self.rows + self.bk) * (head_dim + 4) + self.bk * head_dim
+        floats += self.rows * (self.bk + max(self.ntx, 4))
+        if simulator:
+            floats += self.rows * self.ntx  # the reduction scratch
+        return 4 * floats
+
+    def fits(self, head_dim: int, group: int, simulator: bool = SIMULATOR) -> bool:
+        ntx = self.ntx
+        return (
+            self.rows % self.tm == 0
+            and self.bk % self.tn == 0
+            and ntx & (ntx - 1) == 0
+            and ntx <= 32
+            and head_dim % (4 * ntx) == 0
+            and self.bk % 4 == 0
+            and self.query_tokens(group) >= 1
+            and (simulator or self.threads % 32 == 0)
+            and self.threads <= 1024
+            and self.shared_bytes(head_dim, simulator) <= SHARED_BYTES
+        )
+
+
+# Candidates, best first; choose_tiles takes the first that fits the shape.
+WIDE_GPU = (Tiles(64, 32, 4, 4), Tiles(32, 16, 2, 2), Tiles(64, 16, 4, 2), Tiles(128, 16, 8, 2))
+NARROW_GPU = (Tiles(16, 64, 2, 4), Tiles(16, 32, 2, 2), Tiles(32, 16, 2, 2), Tiles(64, 16, 4, 2))
+WIDE_SIM = (Tiles(16, 8, 2, 2), Tiles(32, 8, 4, 2), Tiles(64, 8, 8, 2))
+NARROW_SIM = (Tiles(8, 8, 1, 2), Tiles(16, 8, 2, 2), Tiles(32, 8, 4, 2), Tiles(64, 8, 8, 2))
+
+
+def choose_tiles(head_dim: int, group: int, simulator: bool = SIMULATOR) -> tuple[Tiles, Tiles]:
+    """(wide, narrow) tile configurations for the shape."""
+    wide_c, narrow_c = (WIDE_SIM, NARROW_SIM) if simulator else (WIDE_GPU, NARROW_GPU)
+    picked = []
+    for candidates in (wide_c, narrow_c):
+        fit = [t for t in candidates if t.fits(head_dim, group, simulator)]
+        if not fit:
+            raise ValueError(f"prefill attention: no tiles for head_dim {head_dim}, group {group}")
+        picked.append(fit[0])
+    return picked[0], picked[1]
+
+
+# --- row reductions among the NTX lanes that share a row -------------------------------------
+
+if SIMULATOR:
+
+    @device_function
+    def lanes_max(value, scratch, row, lane, width):
+        """The max of `value` over the `width` lanes of the row (simulator: shared memory)."""
+        scratch[row, lane] = value
         cuda.syncthreads()
-        for t in range(lane_r, KT, row_step):
-            for d in range(lane_d, hd, d_step):
-                if t < n:
-                    k_sh[t, d] = bf16_to_f32(k_cache[block_sh[t], offset_sh[t], kvh, d])
-                    v_sh[t, d] = bf16_to_f32(v_cache[block_sh[t], offset_sh[t], kvh, d])
-                else:
-                    v_sh[t, d] = float32(0.0)
+        best = scratch[row, 0]
+        for k in range(1, width):
+            best = max(best, scratch[row, k])
         cuda.syncthreads()
-        for e in range(tid, rows * KT, nt):
-            r = e // KT
-            t = e - r * KT
-            s = NEG_INF
-            if t < n and t0 + t <= row_pos_sh[r]:  # causal
-                s = float32(0.0)
-                for d in range(hd):
-                    s += q_sh[r, d] * k_sh[t, d]
-            s_sh[r, t] = s
-        cuda.syncthreads()
-        for r in range(tid, rows, nt):
-            m_old = m_sh[r]
-            m_new = m_old
-            for t in range(n):
-                m_new = max(m_new, s_sh[r, t])
-            # A row whose keys in this tile are all masked keeps its state (alpha = 1).
-            alpha_sh[r] = math.exp(m_old - m_new) if m_new != NEG_INF else float32(1.0)
-            m_sh[r] = m_new
-        cuda.syncthreads()
-        for e in range(tid, rows * KT, nt):
-            r = e // KT
-            t = e - r * KT
-            s = s_sh[r, t]
-            s_sh[r, t] = math.exp(s - m_sh[r]) if s != NEG_INF else float32(0.0)
-        cuda.syncthreads()
-        for r in range(tid, rows, nt):
-            total = l_sh[r] * alpha_sh[r]
-            for t in range(n):
-                total += s_sh[r, t]
-            l_sh[r] = total
-        k = 0
-        for r in range(lane_r, rows, row_step):
-            for d in range(lane_d, hd, d_step):
-                a = acc[k] * alpha_sh[r]
-                for t in range(n):
-                    a += s_sh[r, t] * v_sh[t, d]
-                acc[k] = a
-                k += 1
-        cuda.syncthreads()
+        return best
 
-    k = 0
-    for r in range(lane_r, rows, row_step):
-        for d in range(lane_d, hd, d_step):
+    @device_function
+    def lanes_sum(value, scratch, row, lane, width):
+        scratch[row, lane] = value
+        cuda.syncthreads()
+        total = float32(0.0)
+        for k in range(width):
+            total += scratch[row, k]
+        cuda.syncthreads()
+        return total
+
+else:
+
+    @device_function
+    def lanes_max(value, scratch, row, lane, width):
+        """The max of `value` over the `width` (a power of two) consecutive lanes of the row:
+        an xor butterfly, no shared memory, no barrier. Every lane of the warp calls it."""
+        offset = width // 2
+        while offset > 0:
+            value = max(value, cuda.shfl_xor_sync(FULL_MASK, value, offset))
+            offset //= 2
+        return value
+
+    @device_function
+    def lanes_sum(value, scratch, row, lane, width):
+        offset = width // 2
+        while offset > 0:
+            value += cuda.shfl_xor_sync(FULL_MASK, value, offset)
+            offset //= 2
+        return value
+
+
+# --- the kernel factory ----------------------------------------------------------------------
+
+
+def _build(head_dim: int, group: int, block_size: int, tiles: Tiles, simulator: bool = SIMULATOR):
+    """The kernel specialised for one shape and tile configuration (all loop bounds constant).
+
+    Shared-memory loops index with unsigned integers (Numba adds a negative-index check to every
+    signed index) and read 4 consecutive floats from 16-byte aligned rows, which the compiler
+    turns into one 128-bit load: Q and K rows are padded to head_dim + 4 floats, P rows to
+    BK + max(NTX, 4), so the lanes of a warp still hit different banks."""
+    hd = head_dim
+    hw = hd // 2  # 32-bit words per K/V row
+    rows, bk, tm, tn = tiles.rows, tiles.bk, tiles.tm, tiles.tn
+    nty, ntx, nthreads = tiles.nty, tiles.ntx, tiles.threads
+    dpt = hd // ntx  # output dimensions per thread, in groups of 4: (tx + c4 * NTX) * 4 + w
+    dpt4 = dpt // 4
+    bq = tiles.query_tokens(group)
+    hd4 = hd + 4
+    p_stride = bk + max(ntx, 4)
+    red_rows, red_cols = (rows, ntx) if simulator else (1, 1)
+    align = None if simulator else 16  # the simulator takes no alignment
+    u4, u_nty, u_ntx = np.uint64(4), np.uint64(nty), np.uint64(ntx)
+    u_hd4, u_bk4 = np.uint64(hd // 4), np.uint64(bk // 4)
+
+    def kernel(
+        qkv,
+        k_words,
+        v_words,
+        block_tables,
+        block_table_stride,
+        query_start_loc,
+        seq_lens,
+        scale,
+        q_min,
+        q_max,
+        out,
+    ):
+        q_sh = cuda.shared.array((rows, hd4), float32, alignment=align)
+        k_sh = cuda.shared.array((bk, hd4), float32, alignment=align)
+        v_sh = cuda.shared.array((bk, hd), float32, alignment=align)
+        p_sh = cuda.shared.array((rows, p_stride), float32, alignment=align)
+        scratch = cuda.shared.array((red_rows, red_cols), float32)
+        s = cuda.local.array((tm, tn), float32)
+        o = cuda.local.array((tm, dpt), float32)
+        m = cuda.local.array(tm, float32)
+        ell = cuda.local.array(tm, float32)
+        rpos = cuda.local.array(tm, int32)
+        qa = cuda.local.array((tm, 4), float32)
+        kb = cuda.local.array((tn, 4), float32)
+        vb = cuda.local.array((dpt4, 4), float32)
+
+        tid = cuda.threadIdx.x
+        tx = tid % ntx
+        ty = tid // ntx
+        utx = uint64(tx)
+        uty = uint64(ty)
+        kvh = cuda.blockIdx.y
+        b = cuda.blockIdx.z
+        q_start = query_start_loc[b]
+        q_len = query_start_loc[b + 1] - q_start
+        if q_len < q_min or q_len > q_max:
+            return  # the other specialisation's sequence (or no rows at all)
+        j0 = (cuda.gridDim.x - 1 - cuda.blockIdx.x) * bq  # the last tiles (most work) first
+        if j0 >= q_len:
+            return  # the whole block leaves together: this sequence has fewer query tiles
+        nq = min(bq, q_len - j0)
+        p0 = seq_lens[b] - q_len  # position of query 0 of the chunk
+        first_pos = p0 + j0
+        kv_end = first_pos + nq  # tokens this tile's last query sees
+        table = b * block_table_stride[0]
+
+        # Q tile, scaled: row r is query token j0 + r // group, head kvh * group + r % group.
+        for e in range(tid, rows * hd, nthreads):
+            r = e // hd
+            d = e - r * hd
+            j = r // group
             value = float32(0.0)
-            if l_sh[r] > 0:
-                value = acc[k] / l_sh[r]
-            out[row_token_sh[r], row_col_sh[r] + d] = f32_to_bf16(value)
-            k += 1
+            if j < nq:
+                col = (kvh * group + r - j * group) * hd + d
+                value = qkv[q_start + j0 + j, col] * scale
+            q_sh[r, d] = value
+        for i in range(tm):
+            j = (ty + i * nty) // group
+            rpos[i] = first_pos + min(j, nq - 1)  # spare rows copy the last real one
+            m[i] = NEG_INF
+            ell[i] = float32(0.0)
+            for c in range(dpt):
+                o[i, c] = float32(0.0)
+
+        for t0 in range(0, kv_end, bk):
+            # Gather the K and V tile (past kv_end: zeros, never read from the cache).
+            for e in range(tid, bk * hw, nthreads):
+                t = e // hw
+                w = e - t * hw
+                pos = t0 + t
+                kw = uint32(0)
+                vw = uint32(0)
+                if pos < kv_end:
+                    blk = block_tables[table + pos // block_size]
+                    off = pos % block_size
+                    kw = uint32(k_words[blk, off, kvh, w])
+                    vw = uint32(v_words[blk, off, kvh, w])
+                # Little-endian: the low half is dimension 2w, the high half 2w + 1.
+                k_sh[t, 2 * w] = bits_f32((kw & 0xFFFF) << 16)
+                k_sh[t, 2 * w + 1] = bits_f32(kw & 0xFFFF0000)
+                v_sh[t, 2 * w] = bits_f32((vw & 0xFFFF) << 16)
+                v_sh[t, 2 * w + 1] = bits_f32(vw & 0xFFFF0000)
+            cuda.syncthreads()
+
+            # S = Q K^T, a TM x TN register tile per thread, 4 dimensions per step.
+            for i in range(tm):
+                for c in range(tn):
+                    s[i, c] = float32(0.0)
+            for d4 in range(u_hd4):
+                d0 = d4 * u4
+                for i in range(tm):
+                    row = uty + uint64(i) * u_nty
+                    for u in range(4):
+                        qa[i, u] = q_sh[row, d0 + uint64(u)]
+                for c in range(tn):
+                    key = utx + uint64(c) * u_ntx
+                    for u in range(4):
+                        kb[c, u] = k_sh[key, d0 + uint64(u)]
+                for u in range(4):
+                    for i in range(tm):
+                        for c in range(tn):
+                            s[i, c] += qa[i, u] * kb[c, u]
+
+            # Online softmax; only tiles that cross the diagonal pay for the mask.
+            masked = t0 + bk - 1 > first_pos
+            for i in range(tm):
+                row = ty + i * nty
+                top = NEG_INF
+                for c in range(tn):
+                    if masked and t0 + tx + c * ntx > rpos[i]:
+                        s[i, c] = NEG_INF
+                    top = max(top, s[i, c])
+                top = lanes_max(top, scratch, row, tx, ntx)
+                m_new = max(m[i], top)  # finite: key 0 is in every row's first tile
+                alpha = math.exp(m[i] - m_new)
+                m[i] = m_new
+                total = float32(0.0)
+                for c in range(tn):
+                    p = math.exp(s[i, c] - m_new)
+                    p_sh[row, tx + c * ntx] = p
+                    total += p
+                ell[i] = ell[i] * alpha + total  # this lane's share of the row sum
+                for c in range(dpt):
+                    o[i, c] *= alpha
+            cuda.syncthreads()
+
+            # O += P V: the same TM rows, 4 keys per step.
+            for k4 in range(u_bk4):
+                k0 = k4 * u4
+                for i in range(tm):
+                    row = uty + uint64(i) * u_nty
+                    for u in range(4):
+                        qa[i, u] = p_sh[row, k0 + uint64(u)]  # qa holds P here
+                for u in range(4):
+                    for c4 in range(dpt4):
+                        col = (utx + uint64(c4) * u_ntx) * u4
+                        for w in range(4):
+                            vb[c4, w] = v_sh[k0 + uint64(u), col + uint64(w)]
+                    for i in range(tm):
+                        for c4 in range(dpt4):
+                            for w in range(4):
+                                o[i, c4 * 4 + w] += qa[i, u] * vb[c4, w]
+            cuda.syncthreads()  # the next tile overwrites K, V and P
+
+        for i in range(tm):
+            row = ty + i * nty
+            total = lanes_sum(ell[i], scratch, row, tx, ntx)
+            j = row // group
+            if j < nq:
+                inv = float32(1.0) / total
+                token = q_start + j0 + j
+                col = (kvh * group + row - j * group) * hd
+                for c4 in range(dpt4):
+                    for w in range(4):
+                        dim = (tx + c4 * ntx) * 4 + w
+                        out[token, col + dim] = f32_to_bf16(o[i, c4 * 4 + w] * inv)
+
+    # A name that says which specialisation a profiler is showing.
+    kernel.__name__ = f"prefill_attention_hd{hd}_g{group}_r{rows}_k{bk}_t{tm}x{tn}"
+    return cuda.jit(cache=True)(kernel)
 
 
-def query_tile(num_heads: int, num_kv_heads: int) -> int:
-    """Query tokens per block: as many as fit R_MAX rows of (token, head)."""
-    return max(1, R_MAX // (num_heads // num_kv_heads))
+@cache
+def get_kernel(head_dim: int, group: int, block_size: int, tiles: Tiles):
+    return _build(head_dim, group, block_size, tiles)
+
+
+# Representative specialisations, for tests/test_kernels_compile.py (sm_90, no GPU):
+# Llama-3.2-1B (head_dim 64, group 4), wide and narrow, and SmolLM2-135M (group 3).
+_LLAMA_WIDE, _LLAMA_NARROW = choose_tiles(64, 4, simulator=False)
+prefill_attention_kernel = _build(64, 4, 16, _LLAMA_WIDE, simulator=False)
+prefill_attention_narrow_kernel = _build(64, 4, 16, _LLAMA_NARROW, simulator=False)
+prefill_attention_group3_kernel = _build(64, 3, 16, choose_tiles(64, 3, False)[0], False)
+_SIG = (
+    "void(float32[:, ::1], uint32[:, :, :, ::1], uint32[:, :, :, ::1], int32[::1], int32[::1],"
+    " int32[::1], int32[::1], float32, int64, int64, uint16[:, ::1])"
+)
+SIGNATURES = {
+    "prefill_attention_kernel": [_SIG],
+    "prefill_attention_narrow_kernel": [_SIG],
+    "prefill_attention_group3_kernel": [_SIG],
+}
 
 
 def prefill_attention(
@@ -207,18 +418,30 @@ def prefill_attention(
     scale: float,
     out,
     stream=0,
+    tiles: tuple[Tiles, Tiles] | None = None,
 ) -> None:
-    """out [T, nh * hd] bf16: causal attention of every query row over its sequence's cache."""
+    """out [T, nh * hd] bf16: causal attention of every query row over its sequence's cache.
+
+    tiles: (wide, narrow) configurations, choose_tiles' by default (tests and benchmarks pass
+    others)."""
     if num_seqs == 0 or max_query_len == 0:
         return
-    nkv, hd = k_cache.shape[2], k_cache.shape[3]
+    block_size, nkv, hd = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
     group = num_heads // nkv
-    block = threads(128)
-    qt = query_tile(num_heads, nkv)
-    if group > R_MAX or hd > HD_MAX or block < 32:
-        raise ValueError(f"prefill attention supports group <= {R_MAX}, head_dim <= {HD_MAX}")
-    grid = (num_seqs, nkv, cdiv(max_query_len, qt))
-    prefill_attention_kernel[grid, block, stream](
-        qkv, k_cache, v_cache, block_tables, block_table_stride, query_start_loc, seq_lens,
-        num_heads, qt, float(scale), out,
+    wide, narrow = tiles if tiles is not None else choose_tiles(hd, group)
+    for t in (wide, narrow):
+        if not t.fits(hd, group):
+            raise ValueError(f"prefill attention: {t} does not fit head_dim {hd}, group {group}")
+    args = (
+        qkv, k_cache.view(np.uint32), v_cache.view(np.uint32), block_tables, block_table_stride,
+        query_start_loc, seq_lens, np.float32(scale),
     )  # fmt: skip
+    small = narrow.query_tokens(group)  # sequences with at most this many rows go narrow
+    if max_query_len > small:
+        kernel = get_kernel(hd, group, block_size, wide)
+        grid = (cdiv(max_query_len, wide.query_tokens(group)), nkv, num_seqs)
+        kernel[grid, wide.threads, stream](*args, small + 1, max_query_len, out)
+    if num_seqs > 1 or max_query_len <= small:
+        kernel = get_kernel(hd, group, block_size, narrow)
+        grid = (cdiv(min(max_query_len, small), narrow.query_tokens(group)), nkv, num_seqs)
+        kernel[grid, narrow.threads, stream](*args, 1, small, out)

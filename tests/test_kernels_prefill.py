@@ -1,0 +1,92 @@
+"""Prefill attention (gpu/kernels/attention_prefill.py) vs the numpy twin (CpuBackend.attention)
+on awkward shapes: chunks starting mid-sequence, lengths that are multiples of neither the tiles
+nor the block size, decode rows and empty sequences mixed with long ones, GQA ratios 3 and 4,
+head_dim 64, several query tiles and KV tiles per sequence. Unused cache slots hold NaN, outputs
+start as NaN (the rows of a 0-row sequence do not exist, so every output row must be written).
+
+In the simulator the launcher uses its small tiles (one warp); one case runs the H200's own
+tile configuration (128 threads: slow there, so one small shape)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from kernel_helpers import assert_close, cpu_attention, fresh_rng, paged_case, poisoned, synced
+from numba import cuda
+
+from gpu.kernels.attention_prefill import SHARED_BYTES, Tiles, choose_tiles, prefill_attention
+from gpu.kernels.bf16 import from_bf16_bits
+
+RTOL, ATOL = 2.0**-7, 2e-3  # bf16 output rounding, fp32 sums in another order
+
+
+def _device_args(case):
+    b = case.batch
+    return (
+        cuda.to_device(case.qkv),
+        cuda.to_device(case.k_bits),
+        cuda.to_device(case.v_bits),
+        cuda.to_device(case.block_tables_flat),
+        cuda.to_device(np.array([b.block_tables.shape[1]], np.int32)),
+        cuda.to_device(b.query_start_loc),
+        cuda.to_device(b.seq_lens),
+    )
+
+
+def _check(seq_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size, tiles=None):
+    rng, seed = fresh_rng()
+    case = paged_case(rng, seq_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size)
+    out = poisoned((case.batch.num_tokens, num_heads * head_dim), np.uint16)
+    prefill_attention(
+        *_device_args(case), len(seq_lens), max(query_lens), num_heads, head_dim**-0.5, out,
+        tiles=tiles,
+    )  # fmt: skip
+    got = from_bf16_bits(synced(out))
+    assert_close(got, cpu_attention(case), RTOL, ATOL, seed, "prefill attention")
+
+
+@pytest.mark.parametrize(
+    "seq_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size",
+    [
+        # GQA 3, head_dim 64; a decode row, chunks starting at 13 and 18 (mid-block)
+        ([1, 20, 30], [1, 7, 12], 6, 2, 64, 16),
+        # GQA 4, whole prompts, last blocks partly full
+        ([11, 24], [11, 24], 8, 2, 16, 16),
+        # a decode row inside a mixed batch, block size 8
+        ([37, 9], [5, 1], 4, 1, 32, 8),
+        # 0-row sequences (one with context, one empty) between long ones; decode rows
+        ([13, 40, 0, 21, 7], [13, 0, 0, 6, 1], 8, 2, 16, 16),
+        # GQA 4, head_dim 64: five query tiles over a chunk that starts at 26, several KV tiles
+        ([45], [19], 4, 1, 64, 16),
+        # short chunks (2 and 3 rows) take the narrow kernel next to a long one
+        ([30, 17, 5], [2, 17, 3], 6, 2, 32, 8),
+    ],
+)
+def test_prefill_attention(seq_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size):
+    _check(seq_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size)
+
+
+def test_prefill_attention_only_short_rows():
+    """max_query_len within the narrow kernel's reach: only that kernel runs."""
+    _check([9, 26, 3], [1, 2, 1], 8, 2, 16, 16)
+
+
+def test_prefill_attention_gpu_tiles():
+    """The H200's configurations (wide: 64 rows x 32 keys, 4x4 per thread; narrow: 16 x 64),
+    GQA 4 and head_dim 64 as in Llama-3.2-1B: a 17-token chunk from position 16 needs two wide
+    query tiles, the second with one row; the decode row goes narrow."""
+    wide, narrow = choose_tiles(64, 4, simulator=False)
+    assert (wide, narrow) == (Tiles(64, 32, 4, 4), Tiles(16, 64, 2, 4))
+    _check([33, 40], [17, 1], 4, 1, 64, 16, tiles=(wide, narrow))
+
+
+@pytest.mark.parametrize(
+    "head_dim, group", [(64, 1), (64, 3), (64, 4), (64, 8), (128, 3), (128, 4), (128, 8), (32, 4)]
+)
+def test_gpu_tiles_fit(head_dim, group):
+    """Every common shape gets tiles that fit 48 KB of static shared memory, whole warps (the
+    row reductions shuffle across full warps) and at least one query token per block."""
+    for tiles in choose_tiles(head_dim, group, simulator=False):
+        assert tiles.fits(head_dim, group, simulator=False)
+        assert tiles.threads % 32 == 0 and tiles.query_tokens(group) >= 1
+        assert tiles.shared_bytes(head_dim, simulator=False) <= SHARED_BYTES
