@@ -7,7 +7,9 @@ a sentinel for int32) before each launch, so an element a kernel forgets to writ
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,6 +17,7 @@ from numba import cuda
 
 from gpu.forward_batch import ForwardBatch
 from gpu.kernels.bf16 import from_bf16_bits, round_to_bf16, to_bf16_bits
+from gpu.kernels.launch import SIMULATOR
 
 BF16_NAN = np.uint16(0x7FC0)
 INT_POISON = np.int32(-12345)
@@ -134,6 +137,41 @@ def paged_case(
     )
 
 
+def _emulated_shfl_xor_sync(self, mask, value, lane_mask):
+    """cuda.shfl_xor_sync for the simulator: the value of thread (id ^ lane_mask), exchanged
+    through the block (so every thread of the block must call it together)."""
+    thread = threading.current_thread()
+    store = thread._manager.__dict__.setdefault("_tinychat_shfl", {})
+    store[thread.thread_id] = value
+    thread.syncthreads()
+    other = store[thread.thread_id ^ lane_mask]
+    thread.syncthreads()
+    return other
+
+
+@contextlib.contextmanager
+def gpu_code_path(*modules):
+    """Run the kernels of `modules` on their GPU code path (warp shuffles) in the simulator:
+    their SIMULATOR switch is turned off and the simulator gets an emulated shfl_xor_sync. The
+    kernels must shuffle with the whole block in step (block-uniform loops). On a GPU this
+    changes nothing: the GPU path is the one that runs."""
+    if not SIMULATOR:
+        yield
+        return
+    from numba.cuda.simulator.kernelapi import FakeCUDAModule
+
+    saved = [m.SIMULATOR for m in modules]
+    FakeCUDAModule.shfl_xor_sync = _emulated_shfl_xor_sync
+    for m in modules:
+        m.SIMULATOR = False
+    try:
+        yield
+    finally:
+        for m, value in zip(modules, saved, strict=True):
+            m.SIMULATOR = value
+        del FakeCUDAModule.shfl_xor_sync
+
+
 def cpu_attention(case: PagedCase) -> np.ndarray:
     """The numpy twin's output for the case (NaN-free caches: unused slots zeroed for it)."""
     from gpu.backends.cpu import CpuBackend
@@ -157,6 +195,7 @@ __all__ = [
     "cpu_attention",
     "fresh_rng",
     "from_bf16_bits",
+    "gpu_code_path",
     "paged_case",
     "poisoned",
     "synced",

@@ -26,6 +26,7 @@ MODULES = [
     "gpu.kernels.attention_prefill",
     "gpu.kernels.activation",
     "gpu.kernels.sampling",
+    "gpu.kernels.argmax",
 ]
 
 SCRIPT = textwrap.dedent(

@@ -2,252 +2,365 @@
 
 A decode step asks, for every sequence b and query head h: softmax(q . K^T * scale) @ V over
 the sequence's whole context, whose K and V live in scattered cache blocks (the block table maps
-logical block j of b to a physical block). This is memory-bound: every K/V byte of the context
-is read once per step, so the kernel is shaped around reading them well and reading them once:
+logical block j of b to a physical block). There is almost no arithmetic per byte (2 * group
+FMAs per bf16 of K or V), so the kernel is judged by one number: the GB/s of KV it reads.
 
-* One thread block per (sequence, KV head, split). GQA: the `group = nh / nkv` query heads that
-  share a KV head are handled by the same block, so each K/V tile is loaded from memory once
-  and used `group` times (Llama-3.2-1B: 4 heads per load).
-* The context is walked in tiles of KT tokens. A tile's K and V rows are gathered through the
-  block table into shared memory (converted from bf16 once), then every (head, token) score is a
-  dot product out of shared memory. K rows are padded to HD_MAX + 1 floats so the threads of a
-  warp, reading different tokens at the same dimension, hit different banks.
-* Online softmax, one pass: each head keeps a running max m and sum l; a tile with a new max
-  rescales the accumulator by exp(m_old - m_new). No score matrix, no second pass.
+The design, from the top:
+
+* One thread block per (sequence, KV head, split), 128 threads. GQA: the `group` query heads
+  that share a KV head are handled together, so each K/V byte is read once and used `group`
+  times (Llama-3.2-1B: group 4).
+* Thread-group-per-token. A token's K row of one KV head is head_dim bf16 = 128 contiguous bytes
+  (head_dim 64). `lanes = head_dim / 8` consecutive threads own one token: each lane reads two
+  8-byte words of the row (four bf16 each: the cache is viewed as uint64 on the host side,
+  DeviceNDArray.view, and unpacked with shifts), so every load instruction of a warp covers
+  whole 32-byte sectors. A block has 128 / lanes token slots (16 at head_dim 64) and each slot
+  takes UNROLL = 4 tokens per iteration: one iteration = a tile of 64 tokens, 16 KB of K and V,
+  whose loads (16 x 8 bytes per thread) are all issued before any is used.
+* Scores without shared memory: each lane holds its 8 dimensions of q for every head of the
+  group in registers (pre-scaled by scale * log2(e), so the softmax uses exp2), computes 8-long
+  partial dot products and sums them over the lanes of its token with warp shuffles
+  (log2(lanes) xor-shuffles per score, no barrier).
+* Online softmax per token slot. Every slot keeps its own running max m, sum l and accumulator
+  (group x 8 values per lane, registers) and rescales them once per tile. Slots never talk to
+  each other inside the loop: the main loop has no barrier and no shared memory at all. At the
+  end of the split the slots are merged through shared memory (the same merge as split-KV:
+  weights 2^(m_slot - M)), once per block.
+* Compile-time specialisation. The kernel is built by a factory (decode_kernel) for each
+  (head_dim, group, block_size, threads): every small loop has a constant trip count, LLVM
+  unrolls it, and the per-thread arrays (q, accumulators, scores, loaded words) are indexed by
+  constants only, so they live in registers, not local memory (`cuda.local.array` indexed at
+  run time would). `t // block_size` is a shift.
 * Split-KV: with few sequences, (sequences x KV heads) blocks would leave most of the 132 SMs
-  idle, e.g. batch 1 of Llama-3.2-1B is 8 blocks. So the context is cut into `num_splits`
-  contiguous chunks (a multiple of KT tokens each, computed on the device from seq_lens), one
-  block each; every split writes its unnormalised accumulator and (m, l), and a small reduce
-  kernel merges them: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s. num_splits depends
-  only on the number of sequences (choose_num_splits), so a captured graph per batch-size bucket
-  stays valid for any context length. With one split the kernel normalises and writes directly.
+  idle (batch 1 of Llama-3.2-1B is 8 blocks). So the context is cut into `num_splits` chunks,
+  whole tiles each, computed on the device from seq_lens: a short context leaves the last splits
+  empty (they write m = -inf, l = 0 and the reduce skips them) instead of making tiny ones.
+  num_splits depends only on the batch size (choose_num_splits: about four blocks per SM, at
+  most MAX_SPLITS), so a captured graph per batch-size bucket stays valid for any context. A
+  split writes its unnormalised accumulator and (m, l) (m in log2 units), and a small reduce
+  kernel merges them: out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s; its loops over
+  splits have a constant trip count (MAX_SPLITS, guarded), so all its loads are in flight at
+  once. With one split the kernel normalises and writes bf16 directly.
 
 All shapes come from device buffers (query_start_loc, seq_lens, the block table and its row
 stride in a one-element device array): no host value of the step is baked into the launch but
 the number of sequences. A sequence with seq_len 0 (graph padding) writes zeros.
 
-Measured on the H200 (issue 4, Llama-3.2-1B shapes): correct everywhere, but slow: 48 us at
-batch 1 / context 1024 (32 splits), 849 us at batch 64 / context 1024, i.e. 90-140 GB/s of KV
-against a 4.3 TB/s copy rate. Removing the 64-bit divisions from the inner loops gained only
-6%, so the time is elsewhere: candidates are the 6 barriers per 32-token tile, the per-head
-max and sum done serially by `group` threads, 64-long shared-memory dot products per thread,
-and accumulators in local memory. Issue 5 measures and fixes it.
+In the CUDA simulator (no warp shuffles) the lane sums go through shared memory with two
+barriers per tile; one `if SIMULATOR` picks the path and the GPU build drops the other.
+
+Expected on the H200 (4.25 TB/s copy rate; KV bytes = 2 * context * nkv * head_dim * 2 per
+sequence, 256 KB per 1,024 tokens for Llama-3.2-1B): batch 64 / context 1024 reads 128 MB, one
+split, 512 blocks resident in one wave, each with 16 KB of loads in flight per tile: ~35-40 us
+(~3.5 TB/s). Batch 256 / context 512: 256 MB, ~70 us. Batch 1 is latency, not bandwidth: 2 MB
+at context 1024 over 32 splits (16 of them busy, one tile each) is one round trip for the
+block table, one for the tile, the merge and the reduce kernel: ~4-6 us for both kernels, about
+the same at contexts 32-200. tests/device/bench_kernels.py measures it.
+
+History. The first version (issue 4) gathered 32-token tiles into shared memory as fp32, had one
+thread per (head, token) score with 64-long shared-memory dot products, serial per-head max and
+sum, 6 barriers per tile and accumulators in `cuda.local.array`. Measured on the H200: correct
+everywhere, but 48 us at batch 1 / context 1024 (32 splits) and 849 us at batch 64 / context
+1024, i.e. 90-140 GB/s of KV against the 4.3 TB/s copy rate. Removing 64-bit divisions from the
+inner loops gained only 6%: the time went to barriers, shared-memory traffic and local memory.
 
 numpy twin: CpuBackend.attention (gpu/backends/cpu.py), with one query row per sequence.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
-from numba import cuda, float32, int32
+import numpy as np
+from numba import cuda, float32, int32, uint64
 
-from gpu.kernels.bf16 import bf16_to_f32, f32_to_bf16
-from gpu.kernels.launch import cdiv, threads
+from gpu.kernels.bf16 import bits_f32, f32_to_bf16
+from gpu.kernels.launch import SIMULATOR, cdiv, device_function, threads
 
-KT = 32  # context tokens per tile
-KT_PAD = KT + 1
+DIMS = 8  # head dimensions per lane: two 8-byte words of four bf16
+UNROLL = 4  # tokens per token slot per tile
 MAX_GROUP = 8  # query heads per KV head
-HD_MAX = 128  # head_dim
-HD_PAD = HD_MAX + 1  # K and Q rows padded by one float: no shared-memory bank conflicts
-ACC = 32  # accumulators per thread: MAX_GROUP * cdiv(HD_MAX, 32) for blocks of >= 32 threads
 MAX_SPLITS = 32
+BLOCKS_PER_SM = 4  # choose_num_splits aims at this many busy blocks per SM
+LOG2E = 1.4426950408889634
 NEG_INF = float32(-math.inf)
+FULL_MASK = 0xFFFFFFFF
+NTHREADS = threads(128)  # per block, both kernels
 
+_ARGS = (
+    "float32[:, ::1], uint64[:, :, :, ::1], uint64[:, :, :, ::1], int32[::1], int32[::1],"
+    " int32[::1], int32[::1], float64, int64, uint16[:, ::1], float32[::1], float32[::1]"
+)
+_REDUCE_ARGS = "int32[::1], int64, uint16[:, ::1], float32[::1], float32[::1]"
+
+
+@device_function
+def bf16_of_word(word, k):
+    """The k-th bf16 (k = 0..3, lowest bits first) of a 64-bit word of four, as float32."""
+    return bits_f32(((word >> uint64(16 * k)) << uint64(16)) & uint64(0xFFFF0000))
+
+
+def check_shape(head_dim: int, group: int) -> None:
+    lanes = head_dim // DIMS
+    if head_dim % DIMS or lanes & (lanes - 1) or lanes > 32 or not 1 <= group <= MAX_GROUP:
+        raise ValueError(
+            f"decode attention supports head_dim = 8 * 2^k <= 256 and group <= {MAX_GROUP},"
+            f" not head_dim {head_dim}, group {group}"
+        )
+
+
+@functools.cache
+def decode_kernel(head_dim: int, group: int, block_size: int):
+    """The split-KV decode kernel specialised for (head_dim, group, block_size)."""
+    check_shape(head_dim, group)
+    nthreads = NTHREADS
+    lanes = head_dim // DIMS  # threads per token
+    log_lanes = lanes.bit_length() - 1
+    slots = nthreads // lanes  # tokens in flight per step
+    tile = slots * UNROLL  # tokens per iteration; splits are whole tiles
+    nq = group * DIMS  # q values (and accumulators) per lane
+    ns = group * UNROLL  # scores per lane per tile
+    nw = 2 * UNROLL  # 8-byte words per lane per tile, of K and of V
+    out_dims = group * head_dim
+    red_shape = (ns, nthreads) if SIMULATOR else (1, 1)
+    m_shape = (slots, group)
+    acc_shape = (slots, out_dims)
+
+    def kernel(
+        qkv,
+        k_cache,
+        v_cache,
+        block_tables,
+        block_table_stride,
+        query_start_loc,
+        seq_lens,
+        scale,
+        num_splits,
+        out,
+        part_acc,
+        part_ml,
+    ):
+        red = cuda.shared.array(red_shape, float32)  # the simulator's lane sums
+        m_sh = cuda.shared.array(m_shape, float32)
+        l_sh = cuda.shared.array(m_shape, float32)
+        acc_sh = cuda.shared.array(acc_shape, float32)
+        q = cuda.local.array(nq, float32)
+        acc = cuda.local.array(nq, float32)
+        m = cuda.local.array(group, float32)
+        den = cuda.local.array(group, float32)
+        shift = cuda.local.array(group, float32)
+        s = cuda.local.array(ns, float32)
+        kw = cuda.local.array(nw, uint64)
+        vw = cuda.local.array(nw, uint64)
+        x = cuda.local.array(DIMS, float32)
+        blk = cuda.local.array(UNROLL, int32)
+
+        b = cuda.blockIdx.x
+        kvh = cuda.blockIdx.y
+        split = cuda.blockIdx.z
+        tid = cuda.threadIdx.x
+        slot = tid // lanes
+        lane = tid % lanes
+        row = query_start_loc[b]
+        ctx = seq_lens[b]
+        table = b * block_table_stride[0]
+        # This split's share of the context: whole tiles, the last splits short or empty.
+        chunk = (ctx + num_splits - 1) // num_splits
+        chunk = (chunk + tile - 1) // tile * tile
+        start = split * chunk
+        end = min(ctx, start + chunk)
+
+        # Lane `lane` owns dimensions 4 * (lane + w * lanes) + i of every head (word w = 0, 1
+        # of its token's row, bf16 i = 0..3 of the word): j = 4 * w + i below.
+        qscale = float32(scale * LOG2E)
+        for h in range(group):
+            col = (kvh * group + h) * head_dim
+            for j in range(DIMS):
+                d = 4 * (lane + (j // 4) * lanes) + j % 4
+                q[h * DIMS + j] = qkv[row, col + d] * qscale
+                acc[h * DIMS + j] = float32(0.0)
+            m[h] = NEG_INF
+            den[h] = float32(0.0)
+
+        # The physical block of each of this lane's tokens of the first tile. Token indices are
+        # clamped to the last one (its row is read again, its score masked), so the loads need
+        # no branch and are all issued back to back.
+        last = max(end - 1, 0)
+        if start < end:
+            for u in range(UNROLL):
+                t = min(start + u * slots + slot, last)
+                blk[u] = block_tables[table + t // block_size]
+        for t0 in range(start, end, tile):
+            for u in range(UNROLL):  # UNROLL tokens x 2 words x (K, V), all in flight at once
+                off = min(t0 + u * slots + slot, last) % block_size
+                kw[2 * u] = k_cache[blk[u], off, kvh, lane]
+                kw[2 * u + 1] = k_cache[blk[u], off, kvh, lane + lanes]
+                vw[2 * u] = v_cache[blk[u], off, kvh, lane]
+                vw[2 * u + 1] = v_cache[blk[u], off, kvh, lane + lanes]
+            for u in range(UNROLL):  # the next tile's blocks, while this one computes
+                t = min(t0 + tile + u * slots + slot, last)
+                blk[u] = block_tables[table + t // block_size]
+            # Partial scores over this lane's 8 dimensions, then summed over the token's lanes.
+            for u in range(UNROLL):
+                for j in range(DIMS):
+                    x[j] = bf16_of_word(kw[2 * u + j // 4], j % 4)
+                for h in range(group):
+                    dot = float32(0.0)
+                    for j in range(DIMS):
+                        dot += q[h * DIMS + j] * x[j]
+                    s[u * group + h] = dot
+            if SIMULATOR:
+                for i in range(ns):
+                    red[i, tid] = s[i]
+                cuda.syncthreads()
+                for i in range(ns):
+                    total = float32(0.0)
+                    for k in range(lanes):
+                        total += red[i, slot * lanes + k]
+                    s[i] = total
+                cuda.syncthreads()
+            else:
+                for i in range(ns):
+                    v = s[i]
+                    for k in range(log_lanes):
+                        v += cuda.shfl_xor_sync(FULL_MASK, v, 1 << k)
+                    s[i] = v
+            # Online softmax (log2 units): new running max, rescale the past once per tile.
+            for h in range(group):
+                top = m[h]
+                for u in range(UNROLL):
+                    if t0 + u * slots + slot < end:
+                        top = max(top, s[u * group + h])
+                # A slot with no token yet keeps m = -inf: shift by 0 so no -inf - -inf.
+                base = top if top > NEG_INF else float32(0.0)
+                alpha = math.exp2(m[h] - base)
+                m[h] = top
+                shift[h] = base
+                den[h] *= alpha
+                for j in range(DIMS):
+                    acc[h * DIMS + j] *= alpha
+            for u in range(UNROLL):
+                valid = t0 + u * slots + slot < end
+                for j in range(DIMS):
+                    x[j] = bf16_of_word(vw[2 * u + j // 4], j % 4)
+                for h in range(group):
+                    p = float32(0.0)
+                    if valid:
+                        p = math.exp2(s[u * group + h] - shift[h])
+                    den[h] += p
+                    for j in range(DIMS):
+                        acc[h * DIMS + j] += p * x[j]
+
+        # Merge the token slots: M = max of their m, weights 2^(m_slot - M).
+        if lane == 0:
+            for h in range(group):
+                m_sh[slot, h] = m[h]
+        cuda.syncthreads()
+        for h in range(group):
+            top = NEG_INF
+            for k in range(slots):
+                top = max(top, m_sh[k, h])
+            w = float32(0.0)
+            if top > NEG_INF:
+                w = math.exp2(m[h] - top)
+            for j in range(DIMS):
+                d = 4 * (lane + (j // 4) * lanes) + j % 4
+                acc_sh[slot, h * head_dim + d] = acc[h * DIMS + j] * w
+            if lane == 0:
+                l_sh[slot, h] = den[h] * w
+        cuda.syncthreads()
+        num_heads = k_cache.shape[2] * group
+        for o in range(tid, out_dims, nthreads):
+            h = o // head_dim
+            d = o - h * head_dim
+            total = float32(0.0)
+            lsum = float32(0.0)
+            top = NEG_INF
+            for k in range(slots):
+                total += acc_sh[k, o]
+                lsum += l_sh[k, h]
+                top = max(top, m_sh[k, h])
+            head = kvh * group + h
+            if num_splits == 1:
+                value = float32(0.0)
+                if lsum > 0:
+                    value = total / lsum
+                out[row, head * head_dim + d] = f32_to_bf16(value)
+            else:
+                idx = (b * num_heads + head) * num_splits + split
+                part_acc[idx * head_dim + d] = total
+                if d == 0:
+                    part_ml[2 * idx] = top
+                    part_ml[2 * idx + 1] = lsum
+
+    if SIMULATOR:
+        return cuda.jit(cache=True)(kernel)
+    # At most 128 registers a thread (no spills, measured with ptxas): 4 blocks fit an SM.
+    return cuda.jit(cache=True, launch_bounds=(nthreads, BLOCKS_PER_SM))(kernel)
+
+
+@functools.cache
+def reduce_kernel(head_dim: int, group: int):
+    """The split merge for (head_dim, group): one block per (sequence, KV head)."""
+    nthreads = NTHREADS
+    out_dims = group * head_dim
+
+    def kernel(query_start_loc, num_splits, out, part_acc, part_ml):
+        ms = cuda.local.array(MAX_SPLITS, float32)
+        b = cuda.blockIdx.x
+        kvh = cuda.blockIdx.y
+        num_heads = out.shape[1] // head_dim
+        row = query_start_loc[b]
+        for o in range(cuda.threadIdx.x, out_dims, nthreads):
+            head = kvh * group + o // head_dim
+            d = o % head_dim
+            base = (b * num_heads + head) * num_splits
+            # Constant trip counts: every load of a loop is issued before the first is used.
+            top = NEG_INF
+            for s in range(MAX_SPLITS):
+                ms[s] = NEG_INF
+                if s < num_splits:
+                    ms[s] = part_ml[2 * (base + s)]
+                top = max(top, ms[s])
+            num = float32(0.0)
+            den = float32(0.0)
+            for s in range(MAX_SPLITS):
+                if ms[s] > NEG_INF:  # an empty split wrote (m, l) only: skip its accumulator
+                    w = math.exp2(ms[s] - top)
+                    num += w * part_acc[(base + s) * head_dim + d]
+                    den += w * part_ml[2 * (base + s) + 1]
+            value = float32(0.0)
+            if den > 0:
+                value = num / den
+            out[row, head * head_dim + d] = f32_to_bf16(value)
+
+    return cuda.jit(cache=True)(kernel)
+
+
+# The specialisations of the preset models (Llama-3.2-1B: head_dim 64, group 4; SmolLM2-135M:
+# 64, 3), by name, for the sm_90 compile test; any other shape is built on first use.
+decode_kernel_llama32 = decode_kernel(64, 4, 16)
+decode_kernel_smollm2 = decode_kernel(64, 3, 16)
+reduce_kernel_llama32 = reduce_kernel(64, 4)
 SIGNATURES = {
-    "decode_attention_kernel": [
-        "void(float32[:, ::1], uint16[:, :, :, ::1], uint16[:, :, :, ::1], int32[::1],"
-        " int32[::1], int32[::1], int32[::1], int64, float64, int64, uint16[:, ::1],"
-        " float32[::1], float32[::1])"
-    ],
-    "decode_reduce_kernel": [
-        "void(int32[::1], int64, int64, uint16[:, ::1], float32[::1], float32[::1])"
-    ],
+    "decode_kernel_llama32": [f"void({_ARGS})"],
+    "decode_kernel_smollm2": [f"void({_ARGS})"],
+    "reduce_kernel_llama32": [f"void({_REDUCE_ARGS})"],
 }
 
 
-@cuda.jit(cache=True)
-def decode_attention_kernel(
-    qkv,
-    k_cache,
-    v_cache,
-    block_tables,
-    block_table_stride,
-    query_start_loc,
-    seq_lens,
-    num_heads,
-    scale,
-    num_splits,
-    out,
-    part_acc,
-    part_ml,
-):
-    q_sh = cuda.shared.array((MAX_GROUP, HD_PAD), float32)
-    k_sh = cuda.shared.array((KT, HD_PAD), float32)
-    v_sh = cuda.shared.array((KT, HD_MAX), float32)
-    s_sh = cuda.shared.array((MAX_GROUP, KT_PAD), float32)
-    m_sh = cuda.shared.array(MAX_GROUP, float32)
-    l_sh = cuda.shared.array(MAX_GROUP, float32)
-    alpha_sh = cuda.shared.array(MAX_GROUP, float32)
-    block_sh = cuda.shared.array(KT, int32)
-    offset_sh = cuda.shared.array(KT, int32)
-    acc = cuda.local.array(ACC, float32)
-
-    b = cuda.blockIdx.x
-    kvh = cuda.blockIdx.y
-    split = cuda.blockIdx.z
-    tid = cuda.threadIdx.x
-    nt = cuda.blockDim.x
-    block_size = k_cache.shape[1]
-    nkv = k_cache.shape[2]
-    hd = k_cache.shape[3]
-    group = num_heads // nkv
-    row = query_start_loc[b]
-    ctx = seq_lens[b]
-    table = b * block_table_stride[0]
-
-    # Each thread owns one dimension `lane_d` of rows lane_r, lane_r + row_step, ... (heads of
-    # q / the accumulator, tokens of a K/V tile), fixed for the whole kernel: the inner loops do
-    # no integer division (64-bit divisions by a runtime value cost ~100 instructions each).
-    if nt >= hd:
-        row_step = nt // hd
-        lane_r = tid // hd if tid < row_step * hd else MAX_GROUP + KT  # spare threads idle
-        lane_d = tid % hd
-        d_step = hd
-    else:  # fewer threads than dimensions (the simulator's 32-thread blocks)
-        row_step = 1
-        lane_r = 0
-        lane_d = tid
-        d_step = nt
-
-    # This split's share of the context: whole tiles, the last split possibly short or empty.
-    chunk = ((ctx + num_splits - 1) // num_splits + KT - 1) // KT * KT
-    start = split * chunk
-    end = min(ctx, start + chunk)
-
-    for r in range(lane_r, group, row_step):
-        for d in range(lane_d, hd, d_step):
-            q_sh[r, d] = qkv[row, (kvh * group + r) * hd + d] * float32(scale)
-    for r in range(tid, group, nt):
-        m_sh[r] = NEG_INF
-        l_sh[r] = float32(0.0)
-    for k in range(ACC):
-        acc[k] = float32(0.0)
-
-    for t0 in range(start, end, KT):
-        n = min(KT, end - t0)
-        # The physical place of each token of the tile, once per token.
-        if tid < n:
-            pos = t0 + tid
-            block_sh[tid] = block_tables[table + pos // block_size]
-            offset_sh[tid] = pos % block_size
-        cuda.syncthreads()
-        # Gather the tile's K and V rows (consecutive threads read consecutive dimensions of
-        # one token: coalesced); rows past the context are zeros in V and masked in S.
-        for t in range(lane_r, KT, row_step):
-            for d in range(lane_d, hd, d_step):
-                if t < n:
-                    k_sh[t, d] = bf16_to_f32(k_cache[block_sh[t], offset_sh[t], kvh, d])
-                    v_sh[t, d] = bf16_to_f32(v_cache[block_sh[t], offset_sh[t], kvh, d])
-                else:
-                    v_sh[t, d] = float32(0.0)
-        cuda.syncthreads()
-        # Scores of every (head, token) pair of the tile (KT is a power of two: no division).
-        for e in range(tid, group * KT, nt):
-            r = e // KT
-            t = e - r * KT
-            s = NEG_INF
-            if t < n:
-                s = float32(0.0)
-                for d in range(hd):
-                    s += q_sh[r, d] * k_sh[t, d]
-            s_sh[r, t] = s
-        cuda.syncthreads()
-        # Online softmax: the new running max of each head and the factor rescaling the past.
-        for r in range(tid, group, nt):
-            m_old = m_sh[r]
-            m_new = m_old
-            for t in range(n):
-                m_new = max(m_new, s_sh[r, t])
-            alpha_sh[r] = math.exp(m_old - m_new)
-            m_sh[r] = m_new
-        cuda.syncthreads()
-        for e in range(tid, group * KT, nt):
-            r = e // KT
-            t = e - r * KT
-            s_sh[r, t] = math.exp(s_sh[r, t] - m_sh[r]) if t < n else float32(0.0)
-        cuda.syncthreads()
-        for r in range(tid, group, nt):
-            total = l_sh[r] * alpha_sh[r]
-            for t in range(n):
-                total += s_sh[r, t]
-            l_sh[r] = total
-        k = 0
-        for r in range(lane_r, group, row_step):
-            for d in range(lane_d, hd, d_step):
-                a = acc[k] * alpha_sh[r]
-                for t in range(n):
-                    a += s_sh[r, t] * v_sh[t, d]
-                acc[k] = a
-                k += 1
-        cuda.syncthreads()
-
-    cuda.syncthreads()  # an empty split ran no tile: make the initial (m, l) visible
-    k = 0
-    for r in range(lane_r, group, row_step):
-        for d in range(lane_d, hd, d_step):
-            h = kvh * group + r
-            if num_splits == 1:
-                value = float32(0.0)
-                if l_sh[r] > 0:
-                    value = acc[k] / l_sh[r]
-                out[row, h * hd + d] = f32_to_bf16(value)
-            else:
-                part_acc[((b * num_heads + h) * num_splits + split) * hd + d] = acc[k]
-            k += 1
-    if num_splits > 1:
-        for r in range(tid, group, nt):
-            base = ((b * num_heads + kvh * group + r) * num_splits + split) * 2
-            part_ml[base] = m_sh[r]
-            part_ml[base + 1] = l_sh[r]
-
-
-@cuda.jit(cache=True)
-def decode_reduce_kernel(query_start_loc, num_heads, num_splits, out, part_acc, part_ml):
-    """Merge the splits of one (sequence, head): one block, one thread per dimension."""
-    b = cuda.blockIdx.x
-    h = cuda.blockIdx.y
-    hd = out.shape[1] // num_heads
-    row = query_start_loc[b]
-    base = (b * num_heads + h) * num_splits
-    m_all = NEG_INF
-    for s in range(num_splits):
-        m_all = max(m_all, part_ml[(base + s) * 2])
-    for d in range(cuda.threadIdx.x, hd, cuda.blockDim.x):
-        num = float32(0.0)
-        den = float32(0.0)
-        if m_all != NEG_INF:
-            for s in range(num_splits):
-                m = part_ml[(base + s) * 2]
-                if m != NEG_INF:  # an empty split wrote (m, l) only: skip its accumulator
-                    w = math.exp(m - m_all)
-                    num += w * part_acc[(base + s) * hd + d]
-                    den += w * part_ml[(base + s) * 2 + 1]
-        value = float32(0.0)
-        if den > 0:
-            value = num / den
-        out[row, h * hd + d] = f32_to_bf16(value)
-
-
 def choose_num_splits(num_seqs: int, num_kv_heads: int, num_sms: int) -> int:
-    """Splits per sequence so that about two blocks per SM are busy (1 once the batch does it).
+    """Splits per sequence so that about BLOCKS_PER_SM blocks per SM have work, 1 once the
+    batch alone gives three (at most MAX_SPLITS).
 
-    A function of the batch size alone, so every step of a graph bucket launches the same grid.
+    A function of the batch size alone, so every step of a graph bucket launches the same grid;
+    for a short context the last splits are empty (cheap), never tiny.
     """
     blocks = num_seqs * num_kv_heads
-    if blocks >= num_sms:
+    if blocks >= 3 * num_sms:
         return 1
-    return min(MAX_SPLITS, cdiv(2 * num_sms, blocks))
+    return max(1, min(MAX_SPLITS, cdiv(BLOCKS_PER_SM * num_sms, blocks)))
 
 
 def partial_sizes(num_seqs: int, num_heads: int, head_dim: int, num_splits: int) -> tuple:
@@ -276,21 +389,24 @@ def decode_attention(
 ) -> None:
     """out [B, nh * hd] bf16: attention of the one query row of each of num_seqs sequences.
 
-    part_acc / part_ml: float32 scratch of at least partial_sizes(...) elements (unused, any
-    array, when num_splits is 1).
+    k_cache / v_cache: [blocks, block_size, nkv, hd] bf16 bits (uint16). part_acc / part_ml:
+    float32 scratch of at least partial_sizes(...) elements (unused, any array, when num_splits
+    is 1).
     """
     if num_seqs == 0:
         return
-    nkv, hd = k_cache.shape[2], k_cache.shape[3]
+    block_size, nkv, hd = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
     group = num_heads // nkv
-    block = threads(128)
-    if group > MAX_GROUP or hd > HD_MAX or block < 32:
-        raise ValueError(f"decode attention supports group <= {MAX_GROUP}, head_dim <= {HD_MAX}")
-    decode_attention_kernel[(num_seqs, nkv, num_splits), block, stream](
-        qkv, k_cache, v_cache, block_tables, block_table_stride, query_start_loc, seq_lens,
-        num_heads, float(scale), num_splits, out, part_acc, part_ml,
+    check_shape(hd, group)
+    if not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits must be in 1..{MAX_SPLITS}, not {num_splits}")
+    # Four bf16 per 8-byte load: the same bytes, viewed as uint64 (no copy).
+    k64, v64 = k_cache.view(np.uint64), v_cache.view(np.uint64)
+    decode_kernel(hd, group, block_size)[(num_seqs, nkv, num_splits), NTHREADS, stream](
+        qkv, k64, v64, block_tables, block_table_stride, query_start_loc, seq_lens,
+        float(scale), num_splits, out, part_acc, part_ml,
     )  # fmt: skip
     if num_splits > 1:
-        decode_reduce_kernel[(num_seqs, num_heads), min(threads(128), 128), stream](
-            query_start_loc, num_heads, num_splits, out, part_acc, part_ml
+        reduce_kernel(hd, group)[(num_seqs, nkv), NTHREADS, stream](
+            query_start_loc, num_splits, out, part_acc, part_ml
         )
