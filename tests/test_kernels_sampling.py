@@ -6,10 +6,12 @@ need two candidates within float rounding of each other)."""
 from __future__ import annotations
 
 import numpy as np
-from kernel_helpers import INT_POISON, fresh_rng, poisoned, synced
+from kernel_helpers import INT_POISON, fresh_rng, gpu_code_path, poisoned, synced
 from numba import cuda
 
 from gpu.backends.cuda.sampler import DeviceSampler
+from gpu.kernels import argmax
+from gpu.kernels.argmax import CHUNK, argmax_rows, argmax_scratch_size
 from gpu.kernels.sampling import PROMPT_BIT, penalty_counts
 from gpu.sampling import SamplingMetadata
 from gpu.sampling.numpy_sampler import sample as numpy_sample
@@ -107,3 +109,40 @@ def test_penalty_counts_kernel():
     got = synced(counts)
     assert got[0, 3] == PROMPT_BIT | 1 and got[0, 9] == PROMPT_BIT and got[0, 5] == 2
     assert got[1, 2] == 1 and got[1].sum() == 1 and int(got[0].sum()) == 2 * int(PROMPT_BIT) + 3
+
+
+def _argmax_logits(rng) -> np.ndarray:
+    """Rows with ties (across chunks, across threads of a chunk, in the last partial chunk),
+    a row of -inf and a maximum at the very end; vocab not a multiple of CHUNK."""
+    vocab = 2 * CHUNK + CHUNK // 2 + 5
+    logits = (rng.standard_normal((6, vocab)) * 3).astype(np.float32)
+    logits[0, [7, 2 * CHUNK + 1]] = 40.0  # tie across chunks: 7
+    logits[1, [CHUNK + 3, CHUNK + 4, CHUNK + 40]] = 40.0  # ties inside one chunk: CHUNK + 3
+    logits[2] = -np.inf  # np.argmax gives 0
+    logits[3, vocab - 1] = 40.0  # in the last, partial chunk
+    logits[4, [vocab - 2, vocab - 1]] = 40.0
+    logits[5] = 1.0  # all equal: 0
+    return logits
+
+
+def _check_argmax(logits: np.ndarray, seed: int) -> None:
+    rows, vocab = logits.shape
+    size = argmax_scratch_size(rows, vocab)
+    scratch_val, scratch_idx = poisoned((size,), np.float32), poisoned((size,), np.int32)
+    out = poisoned((rows + 1,), np.int32)  # one row more than asked: left alone
+    argmax_rows(cuda.to_device(logits), out, scratch_val, scratch_idx)
+    got = synced(out)
+    assert got[:rows].tolist() == np.argmax(logits, axis=1).tolist(), f"KERNEL_TEST_SEED={seed}"
+    assert got[rows] == INT_POISON
+
+
+def test_argmax_rows():
+    rng, seed = fresh_rng()
+    _check_argmax(_argmax_logits(rng), seed)
+
+
+def test_argmax_rows_gpu_code_path():
+    """The warp-shuffle reduction that runs on the GPU, shuffles emulated in the simulator."""
+    rng, seed = fresh_rng()
+    with gpu_code_path(argmax):
+        _check_argmax(_argmax_logits(rng)[[0, 1]], seed)
