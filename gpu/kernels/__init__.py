@@ -7,10 +7,11 @@ gpu/sampling/numpy_sampler.py for the sampler).
     embedding.py         token embedding lookup, gather_rows
     rmsnorm.py           rmsnorm, add_rmsnorm (residual add fused)
     rope_kv.py           rotate-half RoPE fused with the paged KV-cache write
-    attention_decode.py  paged decode attention, GQA, online softmax, split-KV + reduce
+    attention_decode.py  paged decode attention: thread group per token, shuffles, split-KV
     attention_prefill.py paged causal attention for prefill chunks and mixed batches
     activation.py        silu(gate) * up
     sampling.py          greedy / temperature / top-k / top-p / min-p / penalties / bans
+    argmax.py            the all-greedy fast path: two-stage argmax over vocabulary chunks
     launch.py            the simulator switch and block sizes
 
 Matrix products are not here: they go through cuBLAS (gpu/backends/cuda/cublas.py).
