@@ -56,7 +56,7 @@ def test_graph_replay_gives_the_eager_tokens(batch):
 def test_padded_decode_steps_match_unpadded_ones():
     """Runs everywhere (simulator in CI): padding rows must not disturb the real rows."""
     small = dict(num_hidden_layers=1, hidden_size=32, intermediate_size=48, vocab_size=258,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=8)  # fmt: skip
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16)  # fmt: skip
     prompts = random_prompts(3, seed=2, low=3, high=12)  # decode batch 3 -> bucket 4
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     padded_engine = _engine(True, **small)
@@ -64,5 +64,6 @@ def test_padded_decode_steps_match_unpadded_ones():
     plain_engine = _engine(True, **small)
     plain_engine.runner.executor.buckets = []  # no bucket: every step eager and unpadded
     plain = LLM(engine=plain_engine).generate(prompts, params)
+    assert all(o.error is None and len(o.outputs[0].token_ids) == 4 for o in padded + plain)
     assert [o.outputs[0].token_ids for o in padded] == [o.outputs[0].token_ids for o in plain]
     assert 4 in padded_engine.runner.executor._decode_batches  # a padded step really ran

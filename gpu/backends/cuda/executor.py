@@ -159,7 +159,7 @@ class CudaExecutor:
             SIMULATOR or backend.debug or bool(getattr(config, "enforce_eager", False))
         )
         self.buckets = capture_buckets(min(max_seqs, max_tokens))
-        self.graphs: dict[int, Any] = {}
+        self.graphs: dict[tuple[int, bool], Any] = {}  # (bucket, all greedy) -> graph
         self._decode_batches: dict[int, DeviceForwardBatch] = {}
         self.capture_time_s = 0.0
 
@@ -198,20 +198,24 @@ class CudaExecutor:
         self.sampler.stage(md)
         self.sampler.pad(n, bucket)
         self.inputs.staging.upload(nbytes)
-        graph = self.graphs.get(bucket)
+        key = (bucket, md.all_greedy)
+        graph = self.graphs.get(key)
         if graph is not None:
             graph.replay()
         else:
-            self._decode_step(bucket)  # eager (also the warm-up before a capture)
+            self._decode_step(*key)  # eager (also the warm-up before a capture)
             if not self.enforce_eager:
-                self._capture(bucket)
+                self._capture(*key)
         return self.sampler.fetch(n)
 
-    def _decode_step(self, bucket: int) -> None:
+    def _decode_step(self, bucket: int, greedy: bool) -> None:
         if bucket not in self._decode_batches:
             self._decode_batches[bucket] = self.inputs.decode_batch(bucket)
         logits = self.model.forward(self._decode_batches[bucket], bucket)
-        self.sampler.launch(logits)
+        if greedy:
+            self.sampler.launch_greedy(logits)
+        else:
+            self.sampler.launch(logits)
 
     def capture_all(self) -> float:
         """Capture every bucket now (instead of lazily); returns the seconds it took.
@@ -222,23 +226,24 @@ class CudaExecutor:
 
         t0 = time.perf_counter()
         for bucket in self.buckets:
-            if bucket in self.graphs:
-                continue
             self.inputs.pad_decode(0, bucket)
             self.inputs.staging.host["block_table_stride"][0] = 0
             self.sampler.pad(0, bucket)
             self.inputs.staging.upload(self.inputs.staging.end_of("block_tables", 0))
-            self._decode_step(bucket)
-            if not self.enforce_eager:
-                self._capture(bucket)
+            for greedy in (True, False):
+                self._decode_step(bucket, greedy)
+                if not self.enforce_eager:
+                    self._capture(bucket, greedy)
         self.backend.synchronize()
         return time.perf_counter() - t0
 
-    def _capture(self, bucket: int) -> None:
+    def _capture(self, bucket: int, greedy: bool) -> None:
         import time
 
         from gpu.backends.cuda.graphs import CudaGraph
 
         t0 = time.perf_counter()
-        self.graphs[bucket] = CudaGraph(self.backend.stream, lambda: self._decode_step(bucket))
+        self.graphs[bucket, greedy] = CudaGraph(
+            self.backend.stream, lambda: self._decode_step(bucket, greedy)
+        )
         self.capture_time_s += time.perf_counter() - t0

@@ -15,6 +15,7 @@ from numba import cuda
 
 from gpu.backends.cuda.staging import Staging
 from gpu.kernels import sampling as k
+from gpu.kernels.argmax import argmax_rows, argmax_scratch_size
 from gpu.sampling import SamplingMetadata
 
 
@@ -37,6 +38,9 @@ class DeviceSampler:
         self.staging = staging or Staging(sampler_fields(max_rows), stream)
         self.counts = cuda.to_device(np.zeros((max_rows, vocab_size), np.int32), stream=stream)
         self.out = cuda.device_array(max_rows, dtype=np.int32, stream=stream)
+        scratch = argmax_scratch_size(max_rows, vocab_size)
+        self._argmax_val = cuda.device_array(scratch, dtype=np.float32, stream=stream)
+        self._argmax_idx = cuda.device_array(scratch, dtype=np.int32, stream=stream)
         self.out_host = cuda.pinned_array(max_rows, dtype=np.int32)
         self._banned = self._grow(None, 64)
         self._history = self._grow(None, 4096)
@@ -118,6 +122,12 @@ class DeviceSampler:
             logits, d["fparams"], d["iparams"], d["uparams"], self._banned, self.counts,
             self.out[:n], self.stream,
         )  # fmt: skip
+
+    def launch_greedy(self, logits) -> None:
+        """Every row greedy, nothing banned, no penalties: a two-stage argmax over many blocks
+        (the general kernel gives each row one block, 40 us for a 128k vocabulary)."""
+        n = logits.shape[0]
+        argmax_rows(logits, self.out[:n], self._argmax_val, self._argmax_idx, self.stream)
 
     def fetch(self, n: int) -> np.ndarray:
         """Copy the n sampled ids back and wait for them: the step's only synchronisation."""
