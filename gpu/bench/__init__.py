@@ -182,20 +182,28 @@ def run_bench(args: argparse.Namespace) -> int:
         results["chat"] = {k: v for k, v in dataclasses.asdict(r).items() if k != "ttfts_ms"}
     results["graph_capture_s"] = getattr(executor, "capture_time_s", None)
     results["graph_buckets"] = sorted({b for b, _ in getattr(executor, "graphs", {})})
+    _save(results, args.json_path)  # ours first: a slow or failing comparison loses nothing
     if args.compare == "hf":
         from gpu.bench.hf_reference import run_hf
 
+        print_table(results)
+        print("running transformers on the same weights...", flush=True)
         results["hf"] = run_hf(config, tensors, args, batches, chosen)
+        _save(results, args.json_path)
     print_table(results)
     if args.json_path:
-        with open(args.json_path, "w") as f:
-            json.dump(results, f, indent=1, default=float)
         print(f"results written to {args.json_path}")
     if args.plot:
         from gpu.bench.plot import plot_decode
 
         plot_decode(results, args.plot)
     return 0
+
+
+def _save(results: dict, path: str | None) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(results, f, indent=1, default=float)
 
 
 def _device_name(engine) -> str:

@@ -131,8 +131,20 @@ class Tiles:
 
 
 # Candidates, best first; choose_tiles takes the first that fits the shape.
-WIDE_GPU = (Tiles(64, 32, 4, 4), Tiles(32, 16, 2, 2), Tiles(64, 16, 4, 2), Tiles(128, 16, 8, 2))
-NARROW_GPU = (Tiles(16, 64, 2, 4), Tiles(16, 32, 2, 2), Tiles(32, 16, 2, 2), Tiles(64, 16, 4, 2))
+WIDE_GPU = (
+    Tiles(64, 32, 4, 4),
+    Tiles(32, 16, 2, 2),
+    Tiles(64, 16, 4, 2),
+    Tiles(128, 16, 8, 2),
+    Tiles(64, 16, 2, 4),
+)  # last: 4 lanes a row, for head_dim 16 (tests' tiny models)
+NARROW_GPU = (
+    Tiles(16, 64, 2, 4),
+    Tiles(16, 32, 2, 2),
+    Tiles(32, 16, 2, 2),
+    Tiles(64, 16, 4, 2),
+    Tiles(32, 16, 1, 4),
+)
 WIDE_SIM = (Tiles(16, 8, 2, 2), Tiles(32, 8, 4, 2), Tiles(64, 8, 8, 2))
 NARROW_SIM = (Tiles(8, 8, 1, 2), Tiles(16, 8, 2, 2), Tiles(32, 8, 4, 2), Tiles(64, 8, 8, 2))
 
@@ -393,6 +405,9 @@ _LLAMA_WIDE, _LLAMA_NARROW = choose_tiles(64, 4, simulator=False)
 prefill_attention_kernel = _build(64, 4, 16, _LLAMA_WIDE, simulator=False)
 prefill_attention_narrow_kernel = _build(64, 4, 16, _LLAMA_NARROW, simulator=False)
 prefill_attention_group3_kernel = _build(64, 3, 16, choose_tiles(64, 3, False)[0], False)
+# The tests' tiny models: head_dim 16, block size 4 (4 lanes a row).
+prefill_attention_hd16_kernel = _build(16, 2, 4, choose_tiles(16, 2, False)[0], False)
+prefill_attention_hd16_narrow_kernel = _build(16, 2, 4, choose_tiles(16, 2, False)[1], False)
 _SIG = (
     "void(float32[:, ::1], uint32[:, :, :, ::1], uint32[:, :, :, ::1], int32[::1], int32[::1],"
     " int32[::1], int32[::1], float32, int64, int64, uint16[:, ::1])"
@@ -401,6 +416,8 @@ SIGNATURES = {
     "prefill_attention_kernel": [_SIG],
     "prefill_attention_narrow_kernel": [_SIG],
     "prefill_attention_group3_kernel": [_SIG],
+    "prefill_attention_hd16_kernel": [_SIG],
+    "prefill_attention_hd16_narrow_kernel": [_SIG],
 }
 
 
