@@ -73,7 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     pull = sub.add_parser("pull", help="fetch the default model or convert a GGUF file")
     pull.add_argument("model", nargs="?", default=None, help="a .gguf file (default: SmolLM2)")
 
-    sub.add_parser("history", help="list past chats")
+    history = sub.add_parser("history", help="list past chats")
+    from chat_app.history import add_history_arguments
+
+    add_history_arguments(history)
 
     bench = sub.add_parser("bench", help="measure tokens per second (see BENCHMARKS.md)")
     try:
