@@ -57,6 +57,12 @@ at context 1024 over 32 splits (16 of them busy, one tile each) is one round tri
 block table, one for the tile, the merge and the reduce kernel: ~4-6 us for both kernels, about
 the same at contexts 32-200. tests/device/bench_kernels.py measures it.
 
+Measured on the H200 (issue 5, cold KV): batch 64 / context 1024 in 76.7 us (1.75 TB/s of KV,
+11x the first version), batch 256 / context 512 in 154 us (1.74 TB/s): half the expected rate,
+so the 128-register cap (4 blocks per SM, a 40-byte spill) is the next thing to try. Batch 1 took
+15.6 us at context 128 and 21.7 us at 1,024 (was 48): latency-bound, the launch of 256 blocks
+and the reduce kernel dominate; fewer splits for short contexts would help.
+
 History. The first version (issue 4) gathered 32-token tiles into shared memory as fp32, had one
 thread per (head, token) score with 64-long shared-memory dot products, serial per-head max and
 sum, 6 barriers per tile and accumulators in `cuda.local.array`. Measured on the H200: correct
