@@ -200,3 +200,20 @@ __all__ = [
     "poisoned",
     "synced",
 ]
+
+
+RTOL, ATOL = 2.0**-7, 2e-3  # attention: bf16 output rounding, fp32 sums in another order
+
+
+def attention_device_args(case):
+    """qkv, caches, block table (flat) + stride, query starts, seq lens of a paged_case."""
+    b = case.batch
+    return (
+        cuda.to_device(case.qkv),
+        cuda.to_device(case.k_bits),
+        cuda.to_device(case.v_bits),
+        cuda.to_device(case.block_tables_flat),
+        cuda.to_device(np.array([b.block_tables.shape[1]], np.int32)),
+        cuda.to_device(b.query_start_loc),
+        cuda.to_device(b.seq_lens),
+    )

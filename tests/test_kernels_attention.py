@@ -11,7 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from kernel_helpers import (
+    ATOL,
+    RTOL,
     assert_close,
+    attention_device_args,
     cpu_attention,
     fresh_rng,
     gpu_code_path,
@@ -19,7 +22,6 @@ from kernel_helpers import (
     poisoned,
     synced,
 )
-from numba import cuda
 
 from gpu.kernels import attention_decode
 from gpu.kernels.attention_decode import (
@@ -29,21 +31,6 @@ from gpu.kernels.attention_decode import (
     partial_sizes,
 )
 from gpu.kernels.bf16 import from_bf16_bits
-
-RTOL, ATOL = 2.0**-7, 2e-3  # bf16 output rounding, fp32 sums in another order
-
-
-def _device_args(case):
-    b = case.batch
-    return (
-        cuda.to_device(case.qkv),
-        cuda.to_device(case.k_bits),
-        cuda.to_device(case.v_bits),
-        cuda.to_device(case.block_tables_flat),
-        cuda.to_device(np.array([b.block_tables.shape[1]], np.int32)),
-        cuda.to_device(b.query_start_loc),
-        cuda.to_device(b.seq_lens),
-    )
 
 
 def _run_decode(seq_lens, num_heads, num_kv_heads, head_dim, block_size, num_splits):
@@ -59,8 +46,9 @@ def _run_decode(seq_lens, num_heads, num_kv_heads, head_dim, block_size, num_spl
     part_acc = poisoned((max(acc_size, 1),), np.float32)
     part_ml = poisoned((max(ml_size, 1),), np.float32)
     decode_attention(
-        *_device_args(case), n, num_heads, head_dim**-0.5, out, part_acc, part_ml, num_splits
-    )
+        *attention_device_args(case), n, num_heads, head_dim**-0.5, out, part_acc, part_ml,
+        num_splits,
+    )  # fmt: skip
     assert_close(
         from_bf16_bits(synced(out)), cpu_attention(case), RTOL, ATOL, seed, "decode attention"
     )
@@ -132,6 +120,6 @@ def test_decode_padding_sequence_writes_zeros():
         out = poisoned((2, 64), np.uint16)
         a, m = partial_sizes(2, 4, 16, splits)
         part_acc, part_ml = poisoned((max(a, 1),), np.float32), poisoned((max(m, 1),), np.float32)
-        decode_attention(*_device_args(case), 2, 4, 0.25, out, part_acc, part_ml, splits)
+        decode_attention(*attention_device_args(case), 2, 4, 0.25, out, part_acc, part_ml, splits)
         got = from_bf16_bits(synced(out))
         assert (got[1] == 0).all() and np.isfinite(got[0]).all()

@@ -11,26 +11,20 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kernel_helpers import assert_close, cpu_attention, fresh_rng, paged_case, poisoned, synced
-from numba import cuda
+from kernel_helpers import (
+    ATOL,
+    RTOL,
+    assert_close,
+    attention_device_args,
+    cpu_attention,
+    fresh_rng,
+    paged_case,
+    poisoned,
+    synced,
+)
 
 from gpu.kernels.attention_prefill import SHARED_BYTES, Tiles, choose_tiles, prefill_attention
 from gpu.kernels.bf16 import from_bf16_bits
-
-RTOL, ATOL = 2.0**-7, 2e-3  # bf16 output rounding, fp32 sums in another order
-
-
-def _device_args(case):
-    b = case.batch
-    return (
-        cuda.to_device(case.qkv),
-        cuda.to_device(case.k_bits),
-        cuda.to_device(case.v_bits),
-        cuda.to_device(case.block_tables_flat),
-        cuda.to_device(np.array([b.block_tables.shape[1]], np.int32)),
-        cuda.to_device(b.query_start_loc),
-        cuda.to_device(b.seq_lens),
-    )
 
 
 def _check(seq_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size, tiles=None):
@@ -38,8 +32,8 @@ def _check(seq_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size, 
     case = paged_case(rng, seq_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size)
     out = poisoned((case.batch.num_tokens, num_heads * head_dim), np.uint16)
     prefill_attention(
-        *_device_args(case), len(seq_lens), max(query_lens), num_heads, head_dim**-0.5, out,
-        tiles=tiles,
+        *attention_device_args(case), len(seq_lens), max(query_lens), num_heads,
+        head_dim**-0.5, out, tiles=tiles,
     )  # fmt: skip
     got = from_bf16_bits(synced(out))
     assert_close(got, cpu_attention(case), RTOL, ATOL, seed, "prefill attention")
