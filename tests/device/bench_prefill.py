@@ -13,15 +13,13 @@ two cases that matter most. Writes $OUT/bench_prefill.json and prints a table. U
 
 from __future__ import annotations
 
-import math
 import statistics
 
 import numpy as np
-from common import Results, relative_errors
+from common import Results, paged, relative_errors
 from numba import cuda
 
 from gpu.backends.cpu import CpuBackend
-from gpu.forward_batch import ForwardBatch
 from gpu.kernels import attention_prefill
 from gpu.kernels.attention_prefill import Tiles, choose_tiles
 from gpu.kernels.bf16 import from_bf16_bits, to_bf16_bits
@@ -51,36 +49,6 @@ def _spin(n):
 
 def dev(a):
     return cuda.to_device(np.ascontiguousarray(a), stream=stream)
-
-
-def paged(seq_lens, query_lens, seed=0):
-    """Shuffled blocks, random bf16 K/V, NaN in every slot no sequence owns."""
-    r = np.random.default_rng(seed)
-    nblocks = [math.ceil(n / BS) for n in seq_lens]
-    total_blocks = sum(nblocks) + 4
-    order = r.permutation(total_blocks).astype(np.int32)
-    tables = np.zeros((len(seq_lens), max(nblocks)), np.int32)
-    shape = (total_blocks, BS, NKV, HD)
-    k = from_bf16_bits(to_bf16_bits(r.standard_normal(shape, np.float32)))
-    v = from_bf16_bits(to_bf16_bits(r.standard_normal(shape, np.float32)))
-    used = 0
-    for b, (n, nb) in enumerate(zip(seq_lens, nblocks, strict=True)):
-        tables[b, :nb] = order[used : used + nb]
-        used += nb
-        k[tables[b, nb - 1], n - (nb - 1) * BS :] = np.nan
-        v[tables[b, nb - 1], n - (nb - 1) * BS :] = np.nan
-    k[order[used:]] = np.nan
-    v[order[used:]] = np.nan
-    total = sum(query_lens)
-    qkv = r.standard_normal((total, (NH + 2 * NKV) * HD), np.float32)
-    qsl = np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int32)
-    batch = ForwardBatch(
-        num_tokens=total, num_seqs=len(seq_lens), input_ids=None, positions=None,
-        slot_mapping=None, query_start_loc=qsl, seq_lens=np.asarray(seq_lens, np.int32),
-        block_tables=tables, logits_indices=None, max_query_len=max(query_lens),
-        max_seq_len=max(seq_lens),
-    )  # fmt: skip
-    return batch, qkv, k, v
 
 
 def causal_flops(seq_lens, query_lens) -> int:

@@ -8,6 +8,7 @@ the product.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -213,3 +214,42 @@ def first_divergence(
                 "ok": bool(margin <= noise),
             }
     return {"agree_steps": n, "of": n, "first_diff_step": None, "noise": noise, "ok": True}
+
+
+# Llama-3.2-1B attention shapes: 32 query heads, 8 KV heads, head_dim 64, 16-token blocks.
+PAGED_NH, PAGED_NKV, PAGED_HD, PAGED_BS = 32, 8, 64, 16
+
+
+def paged(seq_lens, query_lens, seed=0):
+    """A Llama-3.2-1B-shaped paged attention case: shuffled blocks, random bf16 K/V, NaN in
+    every slot no sequence owns. Returns (ForwardBatch, qkv, k, v)."""
+    from gpu.forward_batch import ForwardBatch
+    from gpu.kernels.bf16 import from_bf16_bits, to_bf16_bits
+
+    r = np.random.default_rng(seed)
+    nblocks = [math.ceil(n / PAGED_BS) for n in seq_lens]
+    total_blocks = sum(nblocks) + 4
+    order = r.permutation(total_blocks).astype(np.int32)
+    width = max(nblocks)
+    tables = np.zeros((len(seq_lens), width), np.int32)
+    shape = (total_blocks, PAGED_BS, PAGED_NKV, PAGED_HD)
+    k = from_bf16_bits(to_bf16_bits(r.standard_normal(shape, np.float32)))
+    v = from_bf16_bits(to_bf16_bits(r.standard_normal(shape, np.float32)))
+    used = 0
+    for b, (n, nb) in enumerate(zip(seq_lens, nblocks, strict=True)):
+        tables[b, :nb] = order[used : used + nb]
+        used += nb
+        k[tables[b, nb - 1], n - (nb - 1) * PAGED_BS :] = np.nan
+        v[tables[b, nb - 1], n - (nb - 1) * PAGED_BS :] = np.nan
+    k[order[used:]] = np.nan
+    v[order[used:]] = np.nan
+    total = sum(query_lens)
+    qkv = r.standard_normal((total, (PAGED_NH + 2 * PAGED_NKV) * PAGED_HD), np.float32)
+    qsl = np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int32)
+    batch = ForwardBatch(
+        num_tokens=total, num_seqs=len(seq_lens), input_ids=None, positions=None,
+        slot_mapping=None, query_start_loc=qsl, seq_lens=np.asarray(seq_lens, np.int32),
+        block_tables=tables, logits_indices=None, max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens),
+    )  # fmt: skip
+    return batch, qkv, k, v
