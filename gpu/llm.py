@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -90,7 +91,7 @@ class LLM:
         ids = []
         for prompt, params in zip(prompts, params_list, strict=True):
             if params.output_kind is not RequestOutputKind.FINAL_ONLY:
-                params = _copy_with_final_only(params)
+                params = dataclasses.replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
             ids.append(engine.add_request(prompt, params))
         results: dict[str, RequestOutput] = {}
         progress = _Progress(len(ids)) if use_tqdm else None
@@ -108,14 +109,6 @@ class LLM:
             if progress:
                 progress.close()
         return [results[i] for i in ids]
-
-
-def _copy_with_final_only(params: SamplingParams) -> SamplingParams:
-    import dataclasses
-
-    fields = {f.name: getattr(params, f.name) for f in dataclasses.fields(params) if f.init}
-    fields["output_kind"] = RequestOutputKind.FINAL_ONLY
-    return SamplingParams(**fields)
 
 
 class _Progress:
