@@ -16,11 +16,13 @@ bucket.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from gpu.backends.cuda.graphs import CudaGraph, bucket_for, capture_buckets
 from gpu.backends.cuda.sampler import DeviceSampler, sampler_fields
 from gpu.backends.cuda.staging import Staging
 from gpu.forward_batch import ForwardBatch
@@ -139,8 +141,6 @@ class CudaExecutor:
     """
 
     def __init__(self, model: LlamaModel, backend: Any, config: Any = None) -> None:
-        from gpu.backends.cuda.graphs import capture_buckets
-
         self.model = model
         self.backend = backend
         max_tokens = model.residual.shape[0]
@@ -182,8 +182,6 @@ class CudaExecutor:
 
     # --- decode: padded to a bucket, replayed from a graph --------------------------------
     def _decode_bucket(self, batch: ForwardBatch, md: SamplingMetadata) -> int | None:
-        from gpu.backends.cuda.graphs import bucket_for
-
         is_decode = batch.max_query_len == 1 and batch.num_tokens == batch.num_seqs
         if not is_decode or md.num_rows != batch.num_seqs or batch.num_seqs == 0:
             return None
@@ -222,8 +220,6 @@ class CudaExecutor:
 
         Each bucket runs once eagerly on an all-padding step (no KV write) to compile its
         kernels and settle cuBLAS, then is captured."""
-        import time
-
         t0 = time.perf_counter()
         for bucket in self.buckets:
             self.inputs.pad_decode(0, bucket)
@@ -238,10 +234,6 @@ class CudaExecutor:
         return time.perf_counter() - t0
 
     def _capture(self, bucket: int, greedy: bool) -> None:
-        import time
-
-        from gpu.backends.cuda.graphs import CudaGraph
-
         t0 = time.perf_counter()
         self.graphs[bucket, greedy] = CudaGraph(
             self.backend.stream, lambda: self._decode_step(bucket, greedy)
