@@ -1,14 +1,19 @@
 """The Llama forward, written once against the backend operations of `backends/base.py`.
 
-    embed -> [ rmsnorm -> qkv -> rope + KV write -> paged attention -> o_proj
-               -> add + rmsnorm -> gate_up -> silu * up -> down -> add + rmsnorm ] x L
-          -> rows to sample -> lm_head -> logits
+    embed -> [ rmsnorm + qkv + rope + KV write -> paged attention -> o_proj + residual
+               -> rmsnorm + gate_up + silu*up -> down + residual ] x L
+          -> rows to sample -> rmsnorm + lm_head -> logits
+
+Each "+" is one backend op: the ops around a matrix product are fused into it (RMSNorm before
+it, the residual add or SiLU after it), because a decode step is a chain of small launches and
+each one that disappears is time saved. The cuda backend runs them as single kernels for decode
+steps (gpu/kernels/gemv.py) and as their compositions (gpu/backends/base.py: ComposedOps) for
+prefill; the cpu backend always runs the compositions.
 
 Every intermediate lives in a buffer allocated once for the largest step (`max_num_tokens`
 query tokens, `max_num_seqs` sampled rows); a step uses the first rows of each. With no
 allocation and no host-dependent shape inside, the same calls can be captured into a CUDA
-graph and replayed. The residual add of each block is fused into the next RMSNorm
-(`add_rmsnorm`), as vLLM does.
+graph and replayed.
 """
 
 from __future__ import annotations
@@ -55,38 +60,38 @@ class LlamaModel:
         self.attn_out = backend.empty((t, self.num_heads * self.head_dim), "act")
         self.gate_up = backend.empty((t, 2 * config.intermediate_size), "f32")
         self.mlp_act = backend.empty((t, config.intermediate_size), "act")
-        self.last_rows = backend.empty((s, h), "act")
+        self.last_residual = backend.empty((s, h), "f32")
+        self.last_normed = backend.empty((s, h), "act")
         self.logits = backend.empty((s, config.vocab_size), "f32")
 
     def forward(self, batch: ForwardBatch, num_logits: int) -> Any:
         """Run one step; returns logits [num_logits, V] for batch.logits_indices."""
-        ops, w, t = self.backend, self.weights, batch.num_tokens
+        ops, w, t, eps = self.backend, self.weights, batch.num_tokens, self.eps
         residual, proj_out, normed = self.residual[:t], self.proj_out[:t], self.normed[:t]
         qkv, attn_out = self.qkv[:t], self.attn_out[:t]
         gate_up, mlp_act = self.gate_up[:t], self.mlp_act[:t]
 
         ops.embed(batch.input_ids, w.embed_tokens, residual)
-        ops.rmsnorm(residual, w.layers[0].input_layernorm, self.eps, normed)
         for i, layer in enumerate(w.layers):
             k_cache, v_cache = self.kv_caches[i]
-            ops.linear(normed, layer.qkv_proj, qkv)
-            ops.rope_kv_write(
-                qkv, batch.positions, self.cos, self.sin, k_cache, v_cache, batch.slot_mapping,
+            ops.rmsnorm_qkv_rope(
+                residual, layer.input_layernorm, eps, layer.qkv_proj, qkv, normed,
+                batch.positions, self.cos, self.sin, k_cache, v_cache, batch.slot_mapping,
                 self.num_heads, self.num_kv_heads, self.head_dim,
             )  # fmt: skip
             ops.attention(
                 qkv, k_cache, v_cache, batch,
                 self.num_heads, self.num_kv_heads, self.head_dim, self.scale, attn_out,
             )  # fmt: skip
-            ops.linear(attn_out, layer.o_proj, proj_out)
-            ops.add_rmsnorm(proj_out, residual, layer.post_attention_layernorm, self.eps, normed)
-            ops.linear(normed, layer.gate_up_proj, gate_up)
-            ops.silu_mul(gate_up, mlp_act)
-            ops.linear(mlp_act, layer.down_proj, proj_out)
-            next_norm = w.layers[i + 1].input_layernorm if i + 1 < len(w.layers) else w.norm
-            ops.add_rmsnorm(proj_out, residual, next_norm, self.eps, normed)
+            ops.linear_residual(attn_out, layer.o_proj, residual, proj_out)
+            ops.rmsnorm_gate_up_silu(
+                residual, layer.post_attention_layernorm, eps, layer.gate_up_proj, mlp_act,
+                normed, gate_up,
+            )  # fmt: skip
+            ops.linear_residual(mlp_act, layer.down_proj, residual, proj_out)
 
-        last_rows, logits = self.last_rows[:num_logits], self.logits[:num_logits]
-        ops.gather_rows(normed, batch.logits_indices, last_rows)
-        ops.linear(last_rows, w.lm_head, logits)
+        # Only the rows that are sampled go through the final norm and the LM head.
+        rows, logits = self.last_residual[:num_logits], self.logits[:num_logits]
+        ops.gather_rows(residual, batch.logits_indices, rows)
+        ops.rmsnorm_linear(rows, w.norm, eps, w.lm_head, logits, self.last_normed[:num_logits])
         return logits

@@ -27,6 +27,7 @@ MODULES = [
     "gpu.kernels.activation",
     "gpu.kernels.sampling",
     "gpu.kernels.argmax",
+    "gpu.kernels.gemv",
 ]
 
 SCRIPT = textwrap.dedent(

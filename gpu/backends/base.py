@@ -56,11 +56,50 @@ class Backend(Protocol):
     def rmsnorm(self, x: Array, weight: Array, eps: float, out: Array) -> None:
         """out = x / sqrt(mean(x**2) + eps) * weight, row by row."""
 
-    def add_rmsnorm(self, x: Array, residual: Array, weight: Array, eps: float, out: Array) -> None:
-        """residual += x; out = rmsnorm(residual) (one pass: the add is fused)."""
-
     def linear(self, x: Array, w: Array, out: Array) -> None:
         """out = x @ w.T for x [T, K] and w [N, K] (PyTorch's nn.Linear layout)."""
+
+    # The fused ops of a layer (ComposedOps below spells out what each computes).
+    def rmsnorm_linear(
+        self, residual: Array, norm_weight: Array, eps: float, w: Array, out: Array, normed: Array
+    ) -> None:
+        """out = rmsnorm(residual) * norm_weight @ w.T (`normed`: scratch [T, K] "act")."""
+
+    def rmsnorm_qkv_rope(
+        self,
+        residual: Array,
+        norm_weight: Array,
+        eps: float,
+        w: Array,
+        qkv: Array,
+        normed: Array,
+        positions: Array,
+        cos: Array,
+        sin: Array,
+        k_cache: Array,
+        v_cache: Array,
+        slot_mapping: Array,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+    ) -> None:
+        """qkv = rmsnorm(residual) * norm_weight @ w.T, then rope_kv_write on it."""
+
+    def linear_residual(self, x: Array, w: Array, residual: Array, scratch: Array) -> None:
+        """residual += x @ w.T (`scratch`: [T, N] "f32")."""
+
+    def rmsnorm_gate_up_silu(
+        self,
+        residual: Array,
+        norm_weight: Array,
+        eps: float,
+        w: Array,
+        out: Array,
+        normed: Array,
+        gate_up: Array,
+    ) -> None:
+        """out = silu_mul(rmsnorm(residual) * norm_weight @ w.T) for w = [gate; up] [2I, K]
+        (`normed`, `gate_up`: scratch)."""
 
     def rope_kv_write(
         self,
@@ -105,3 +144,31 @@ class Backend(Protocol):
 
     def sample(self, logits: Array, metadata: SamplingMetadata) -> np.ndarray:
         """One token id per row of logits [S, V]; returns a host int32 array."""
+
+
+class ComposedOps:
+    """The fused ops of a layer as compositions of the basic ones.
+
+    This is what a fused kernel must compute (the cpu backend, the oracle, runs exactly this),
+    and the path a backend falls back to for shapes its fused kernels do not serve (the cuda
+    backend's prefill steps).
+    """
+
+    def rmsnorm_linear(self, residual, norm_weight, eps, w, out, normed) -> None:
+        self.rmsnorm(residual, norm_weight, eps, normed)
+        self.linear(normed, w, out)
+
+    def rmsnorm_qkv_rope(
+        self, residual, norm_weight, eps, w, qkv, normed, positions, cos, sin, k_cache, v_cache,
+        slot_mapping, num_heads, num_kv_heads, head_dim,
+    ) -> None:  # fmt: skip
+        self.rmsnorm_linear(residual, norm_weight, eps, w, qkv, normed)
+        self.rope_kv_write(
+            qkv, positions, cos, sin, k_cache, v_cache, slot_mapping,
+            num_heads, num_kv_heads, head_dim,
+        )  # fmt: skip
+
+    def rmsnorm_gate_up_silu(self, residual, norm_weight, eps, w, out, normed, gate_up) -> None:
+        self.rmsnorm(residual, norm_weight, eps, normed)
+        self.linear(normed, w, gate_up)
+        self.silu_mul(gate_up, out)

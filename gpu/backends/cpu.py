@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpu.backends.base import Array
+from gpu.backends.base import Array, ComposedOps
 from gpu.forward_batch import ForwardBatch
 from gpu.sampling import SamplingMetadata
 from gpu.sampling.numpy_sampler import sample as numpy_sample
@@ -32,7 +32,7 @@ def rotate_half_inplace(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> None
     x[..., half:] = x2 * cos + x1 * sin
 
 
-class CpuBackend:
+class CpuBackend(ComposedOps):
     name = "cpu"
     weight_format = "f32"  # weights are upcast to float32 once, at load
     kv_element_bytes = 4
@@ -73,14 +73,14 @@ class CpuBackend:
         variance = np.mean(np.square(x), axis=-1, keepdims=True)
         np.multiply(x / np.sqrt(variance + np.float32(eps)), weight, out=out)
 
-    def add_rmsnorm(
-        self, x: np.ndarray, residual: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray
-    ) -> None:
-        residual += x
-        self.rmsnorm(residual, weight, eps, out)
-
     def linear(self, x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
         np.matmul(x, w.T, out=out)
+
+    def linear_residual(
+        self, x: np.ndarray, w: np.ndarray, residual: np.ndarray, scratch: np.ndarray
+    ) -> None:
+        self.linear(x, w, scratch)
+        residual += scratch
 
     def rope_kv_write(
         self,

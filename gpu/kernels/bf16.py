@@ -21,7 +21,7 @@ are the same kind of bit cast.
 from __future__ import annotations
 
 import numpy as np
-from numba import float32, int32, int64, uint16
+from numba import float32, int32, int64, uint16, uint64
 
 from gpu.kernels.launch import SIMULATOR, device_function
 
@@ -53,6 +53,13 @@ else:
 def bf16_to_f32(bits):
     """bf16 bits (uint16) -> float32, exact."""
     return bits_f32(int64(bits) << 16)
+
+
+@device_function
+def bf16_of_word(word, k):
+    """The k-th bf16 (k = 0..3, lowest bits first) of a uint64 word of four, as float32: the
+    kernels that stream bf16 read 8 bytes a load (arrays viewed as uint64 on the host)."""
+    return bits_f32(((word >> uint64(16 * k)) << uint64(16)) & uint64(0xFFFF0000))
 
 
 @device_function

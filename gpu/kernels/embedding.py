@@ -6,7 +6,8 @@ token ids come from a device buffer, never from the host, so the launch is the s
 step of a given size (graph-capturable).
 
 gather_rows: out[i] = x[indices[i]] — picks the last row of each sequence before the LM head, so
-the [V, H] product runs on S rows instead of T. Any dtype (bf16 bits here: a plain copy).
+the final norm and the [V, H] product run on S rows instead of T. Any dtype (a plain copy:
+the float32 residual stream here).
 
 numpy twins: CpuBackend.embed and CpuBackend.gather_rows (gpu/backends/cpu.py).
 """
@@ -20,7 +21,10 @@ from gpu.kernels.launch import threads
 
 SIGNATURES = {
     "embedding_kernel": ["void(int32[::1], uint16[:, ::1], float32[:, ::1])"],
-    "gather_rows_kernel": ["void(uint16[:, ::1], int32[::1], uint16[:, ::1])"],
+    "gather_rows_kernel": [
+        "void(uint16[:, ::1], int32[::1], uint16[:, ::1])",
+        "void(float32[:, ::1], int32[::1], float32[:, ::1])",
+    ],
 }
 
 

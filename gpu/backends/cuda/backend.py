@@ -19,10 +19,11 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
+from gpu.backends.base import ComposedOps
 from gpu.backends.cuda.cublas import CublasGemm, SimulatorGemm
 from gpu.backends.cuda.sampler import DeviceSampler
 from gpu.forward_batch import ForwardBatch
-from gpu.kernels import activation, attention_decode, attention_prefill, embedding, rmsnorm
+from gpu.kernels import activation, attention_decode, attention_prefill, embedding, gemv, rmsnorm
 from gpu.kernels import rope_kv as rope_kernels
 from gpu.kernels.bf16 import from_bf16_bits, to_bf16_bits
 from gpu.kernels.launch import SIMULATOR
@@ -36,7 +37,7 @@ _DTYPES = {"f32": np.float32, "act": np.uint16, "int32": np.int32}
 RESERVE_BYTES = 1 << 30
 
 
-class CudaBackend:
+class CudaBackend(ComposedOps):
     name = "cuda"
     weight_format = "bf16"
     kv_element_bytes = 2
@@ -103,16 +104,22 @@ class CudaBackend:
     def reserve_attention_scratch(
         self, max_seqs: int, num_heads: int, num_kv_heads: int, head_dim: int
     ) -> None:
-        """Allocate the split-KV partials for every decode batch size up to max_seqs, now."""
-        acc = ml = 1
+        """Allocate the split-KV partials and counters for every decode batch size up to
+        max_seqs, now."""
+        acc = ml = cnt = 1
         for s in range(1, max_seqs + 1):
             splits = attention_decode.choose_num_splits(s, num_kv_heads, self.num_sms)
             a, m = attention_decode.partial_sizes(s, num_heads, head_dim, splits)
             acc, ml = max(acc, a), max(ml, m)
+            cnt = max(cnt, attention_decode.counter_size(s, num_kv_heads, splits))
         if self._part_acc.shape[0] < acc:
             self._part_acc = cuda.device_array(acc, np.float32, stream=self.stream)
         if self._part_ml.shape[0] < ml:
             self._part_ml = cuda.device_array(ml, np.float32, stream=self.stream)
+        counters = getattr(self, "_split_counters", None)
+        if counters is None or counters.shape[0] < cnt:
+            # Zeroed once: the decode kernel leaves every counter it uses at zero again.
+            self._split_counters = cuda.to_device(np.zeros(cnt, np.int32))
 
     def device_name(self) -> str:
         name = cuda.get_current_device().name
@@ -171,13 +178,68 @@ class CudaBackend:
         rmsnorm.rmsnorm(x, weight, eps, out, self.stream)
         self.check("rmsnorm")
 
-    def add_rmsnorm(self, x: Any, residual: Any, weight: Any, eps: float, out: Any) -> None:
-        rmsnorm.add_rmsnorm(x, residual, weight, eps, out, self.stream)
-        self.check("add_rmsnorm")
-
+    # Matrix products: a step of a few tokens streams the weights through gemv.py's kernel with
+    # the ops around the product fused in; larger steps go to cuBLAS (tensor cores), with the
+    # fused ops composed from the basic kernels (ComposedOps) or folded into cuBLAS (beta = 1).
     def linear(self, x: Any, w: Any, out: Any) -> None:
-        self.gemm.linear(x, w, out)
+        if gemv.supports(*x.shape):
+            gemv.gemv(x, w, out, stream=self.stream)
+        else:
+            self.gemm.linear(x, w, out)
         self.check("linear")
+
+    def rmsnorm_linear(
+        self, residual: Any, norm_weight: Any, eps: float, w: Any, out: Any, normed: Any
+    ) -> None:
+        if not gemv.supports(*residual.shape):
+            return super().rmsnorm_linear(residual, norm_weight, eps, w, out, normed)
+        gemv.gemv(
+            None, w, out, residual=residual, norm_weight=norm_weight, eps=eps, stream=self.stream
+        )
+        self.check("rmsnorm_linear")
+
+    def rmsnorm_qkv_rope(
+        self, residual, norm_weight, eps, w, qkv, normed, positions, cos, sin, k_cache, v_cache,
+        slot_mapping, num_heads, num_kv_heads, head_dim,
+    ) -> None:  # fmt: skip
+        if not gemv.supports(*residual.shape):
+            return super().rmsnorm_qkv_rope(
+                residual, norm_weight, eps, w, qkv, normed, positions, cos, sin, k_cache,
+                v_cache, slot_mapping, num_heads, num_kv_heads, head_dim,
+            )  # fmt: skip
+        rope = gemv.RopeArgs(
+            positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads, head_dim
+        )
+        gemv.gemv(
+            None, w, qkv, epilogue="rope", residual=residual, norm_weight=norm_weight, eps=eps,
+            rope=rope, stream=self.stream,
+        )  # fmt: skip
+        self.check("rmsnorm_qkv_rope")
+
+    def linear_residual(self, x: Any, w: Any, residual: Any, scratch: Any) -> None:
+        if gemv.supports(*x.shape):
+            gemv.gemv(x, w, residual, epilogue="add", stream=self.stream)
+        else:
+            self.gemm.linear(x, w, residual, accumulate=True)
+        self.check("linear_residual")
+
+    def rmsnorm_gate_up_silu(
+        self,
+        residual: Any,
+        norm_weight: Any,
+        eps: float,
+        w: Any,
+        out: Any,
+        normed: Any,
+        gate_up: Any,
+    ) -> None:
+        if not gemv.supports(*residual.shape):
+            return super().rmsnorm_gate_up_silu(residual, norm_weight, eps, w, out, normed, gate_up)
+        gemv.gemv(
+            None, w, out, epilogue="silu", residual=residual, norm_weight=norm_weight, eps=eps,
+            stream=self.stream,
+        )  # fmt: skip
+        self.check("rmsnorm_gate_up_silu")
 
     def rope_kv_write(
         self,
@@ -217,12 +279,19 @@ class CudaBackend:
         if batch.max_query_len == 1 and batch.num_tokens == batch.num_seqs:
             splits = attention_decode.choose_num_splits(batch.num_seqs, num_kv_heads, self.num_sms)
             acc, ml = attention_decode.partial_sizes(batch.num_seqs, num_heads, head_dim, splits)
-            if acc > self._part_acc.shape[0] or ml > self._part_ml.shape[0]:
+            cnt = attention_decode.counter_size(batch.num_seqs, num_kv_heads, splits)
+            counters = getattr(self, "_split_counters", None)
+            if (
+                acc > self._part_acc.shape[0]
+                or ml > self._part_ml.shape[0]
+                or counters is None
+                or cnt > counters.shape[0]
+            ):
                 self.reserve_attention_scratch(batch.num_seqs, num_heads, num_kv_heads, head_dim)
             attention_decode.decode_attention(
                 qkv, k_cache, v_cache, tables, stride, batch.query_start_loc, batch.seq_lens,
                 batch.num_seqs, num_heads, scale, out, self._part_acc, self._part_ml,
-                splits, self.stream,
+                splits, self.stream, counters=self._split_counters,
             )  # fmt: skip
         else:
             attention_prefill.prefill_attention(

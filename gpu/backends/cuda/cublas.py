@@ -52,14 +52,15 @@ class CublasGemm:
         cublas.set_stream(self.handle, int(stream.handle))
         self.workspace = cuda.device_array(WORKSPACE_BYTES, dtype=np.uint8, stream=stream)
         cublas.set_workspace(self.handle, device_pointer(self.workspace), WORKSPACE_BYTES)
-        self._alpha = np.ones(1, dtype=np.float32)
-        self._beta = np.zeros(1, dtype=np.float32)
+        self._one = np.ones(1, dtype=np.float32)  # alpha, and beta when accumulating
+        self._zero = np.zeros(1, dtype=np.float32)
         self._op_t = int(cublas.Operation.T)
         self._op_n = int(cublas.Operation.N)
         self._compute = int(cublas.ComputeType.COMPUTE_32F)
         self._algo = int(cublas.GemmAlgo.DFALT)
 
-    def linear(self, x, w, out) -> None:
+    def linear(self, x, w, out, accumulate: bool = False) -> None:
+        """out = x @ w.T, or out += x @ w.T with accumulate (beta = 1; out float32)."""
         t, k = x.shape
         n = w.shape[0]
         if t == 0:
@@ -72,9 +73,9 @@ class CublasGemm:
         ldc = out.strides[0] // out.dtype.itemsize
         self._cublas.gemm_ex(
             self.handle, self._op_t, self._op_n, n, t, k,
-            self._alpha.ctypes.data, device_pointer(w), CUDA_R_16BF, w.strides[0] // 2,
+            self._one.ctypes.data, device_pointer(w), CUDA_R_16BF, w.strides[0] // 2,
             device_pointer(x), CUDA_R_16BF, x.strides[0] // 2,
-            self._beta.ctypes.data, device_pointer(out), ctype, ldc,
+            (self._one if accumulate else self._zero).ctypes.data, device_pointer(out), ctype, ldc,
             self._compute, self._algo,
         )  # fmt: skip
 
@@ -90,12 +91,14 @@ class SimulatorGemm:
     def __init__(self, stream) -> None:
         self.stream = stream
 
-    def linear(self, x, w, out) -> None:
+    def linear(self, x, w, out, accumulate: bool = False) -> None:
         if x.shape[0] == 0:
             return
         xf = from_bf16_bits(x.copy_to_host())
         wf = from_bf16_bits(w.copy_to_host())
         result = np.matmul(xf, wf.T, dtype=np.float32)
+        if accumulate:
+            result += out.copy_to_host()
         out.copy_to_device(result if out.dtype == np.float32 else to_bf16_bits(result))
 
     def close(self) -> None:
