@@ -1,10 +1,14 @@
-"""Paged attention kernels vs the numpy twin (CpuBackend.attention) on awkward shapes: one
-token, contexts that are not a multiple of the block size (last block partly full), GQA ratios
-3 and 4, head_dim 64, several sequences of different lengths, prefill chunks starting
-mid-sequence, split-KV decode (including empty splits and more splits than tiles, with the
-partials' contract checked), padding rows (seq_len 0), and the decode kernel's GPU code path
-(warp shuffles, emulated in the simulator). Unused cache slots hold NaN, outputs start as NaN.
-The prefill kernel's tests are in test_kernels_prefill.py."""
+"""Paged decode attention vs the numpy twin (CpuBackend.attention) on awkward shapes: one
+token, contexts that are not a multiple of the block size or of the tile, GQA ratios 3, 4 and 8,
+head_dim 16 to 128, batches of mixed context lengths, split-KV with busy and empty splits (the
+partials' contract checked: busy splits write (m, l), empty ones write nothing), padding rows
+(seq_len 0), the split counters (left at zero, so a second launch on the same counters gives the
+same bits), and the GPU code path (warp shuffles, emulated in the simulator). Unused cache slots
+hold NaN; outputs and partials start as NaN. The prefill kernel's tests are in
+test_kernels_prefill.py.
+
+In the simulator a block is 32 threads, so a tile is 16 tokens at head_dim 64 (64 on the GPU):
+the cases below reach several busy splits with contexts of tens of tokens."""
 
 from __future__ import annotations
 
@@ -22,73 +26,116 @@ from kernel_helpers import (
     poisoned,
     synced,
 )
+from numba import cuda
 
 from gpu.kernels import attention_decode
 from gpu.kernels.attention_decode import (
     MAX_SPLITS,
+    busy_splits,
     choose_num_splits,
+    counter_size,
     decode_attention,
     partial_sizes,
+    tile_tokens,
 )
 from gpu.kernels.bf16 import from_bf16_bits
 
 
-def _run_decode(seq_lens, num_heads, num_kv_heads, head_dim, block_size, num_splits):
-    """One decode launch on a fresh paged case; checks the output against the numpy twin and
-    the split partials against the contract; returns the (m, l) pairs (None for one split)."""
+def _run_decode(
+    seq_lens, num_heads, num_kv_heads, head_dim, block_size, num_splits, launches: int = 1
+):
+    """`launches` decode launches on one fresh paged case (seq_len 0: a padding row), all on
+    the same counters. Checks each output against the numpy twin (zeros for padding rows), the
+    counters back at zero after each, every launch's bits equal to the first's, and the split
+    partials against the contract. Returns (m, l) of the partials, [seq, head, split] (NaN where
+    nothing was written), and the busy splits of each sequence."""
     rng, seed = fresh_rng()
+    pad = [i for i, n in enumerate(seq_lens) if n == 0]
     case = paged_case(
-        rng, seq_lens, [1] * len(seq_lens), num_heads, num_kv_heads, head_dim, block_size
-    )
+        rng, [max(n, 1) for n in seq_lens], [1] * len(seq_lens), num_heads, num_kv_heads,
+        head_dim, block_size,
+    )  # fmt: skip
+    want = cpu_attention(case)  # padding rows: computed over one token, then zeroed
+    want[pad] = 0.0
+    case.batch.seq_lens[pad] = 0
+    args = attention_device_args(case)
     n = len(seq_lens)
-    out = poisoned((n, num_heads * head_dim), np.uint16)
     acc_size, ml_size = partial_sizes(n, num_heads, head_dim, num_splits)
     part_acc = poisoned((max(acc_size, 1),), np.float32)
     part_ml = poisoned((max(ml_size, 1),), np.float32)
-    decode_attention(
-        *attention_device_args(case), n, num_heads, head_dim**-0.5, out, part_acc, part_ml,
-        num_splits,
-    )  # fmt: skip
-    assert_close(
-        from_bf16_bits(synced(out)), cpu_attention(case), RTOL, ATOL, seed, "decode attention"
-    )
+    counters = cuda.to_device(np.zeros(max(counter_size(n, num_kv_heads, num_splits), 1), np.int32))
+    first = None
+    for launch in range(launches):
+        out = poisoned((n, num_heads * head_dim), np.uint16)
+        decode_attention(
+            *args, n, num_heads, head_dim**-0.5, out, part_acc, part_ml, num_splits,
+            counters=counters,
+        )  # fmt: skip
+        bits = synced(out)
+        what = f"decode attention, launch {launch + 1}"
+        assert_close(from_bf16_bits(bits), want, RTOL, ATOL, seed, what)
+        assert (counters.copy_to_host() == 0).all(), f"counters not reset (KERNEL_TEST_SEED={seed})"
+        if first is None:
+            first = bits
+        np.testing.assert_array_equal(bits, first, err_msg=f"{what} (KERNEL_TEST_SEED={seed})")
+
+    busy = [busy_splits(ctx, num_splits, head_dim) for ctx in seq_lens]
     if num_splits == 1:
-        return None
-    # Every split wrote its (m, l): an empty one -inf and 0, a busy one a finite m and l >= 1
-    # (the token at the maximum counts 2^0); the reduce skips the empty ones.
-    m, den = synced(part_ml)[:ml_size].reshape(-1, 2).T
-    empty = m == -np.inf
-    assert not np.isnan(m).any() and not np.isnan(den).any(), f"KERNEL_TEST_SEED={seed}"
-    assert (den[empty] == 0).all() and np.isfinite(m[~empty]).all() and (den[~empty] >= 1).all()
-    return m.reshape(n, num_heads, num_splits), den.reshape(n, num_heads, num_splits)
+        return None, None, busy
+    # A sequence of more than one busy split: each busy split wrote a finite m and l >= 1 (the
+    # token at the maximum counts 2^0) for every head; nothing else was written, not even by a
+    # sequence whose one busy split wrote its output directly.
+    m, den = synced(part_ml)[:ml_size].reshape(n, num_heads, num_splits, 2).transpose(3, 0, 1, 2)
+    acc = synced(part_acc)[:acc_size].reshape(n, num_heads, num_splits, head_dim)
+    for b, k in enumerate(busy):
+        written = k if k > 1 else 0
+        msg = f"sequence {b}, {k} busy splits (KERNEL_TEST_SEED={seed})"
+        assert np.isfinite(m[b, :, :written]).all() and (den[b, :, :written] >= 1).all(), msg
+        assert np.isfinite(acc[b, :, :written]).all(), msg
+        assert np.isnan(m[b, :, written:]).all() and np.isnan(den[b, :, written:]).all(), msg
+        assert np.isnan(acc[b, :, written:]).all(), msg
+    return m, den, busy
 
 
 @pytest.mark.parametrize(
     "seq_lens, num_heads, num_kv_heads, head_dim, block_size, num_splits",
     [
-        ([1, 17, 40], 6, 2, 64, 16, 1),  # GQA 3, one token, partial last blocks
-        ([1, 17, 40], 6, 2, 64, 16, 3),  # the same, split three ways
-        ([33, 5], 8, 2, 16, 8, 2),  # GQA 4, block size 8, head_dim 16
-        ([70], 4, 1, 32, 16, 4),  # one long sequence over four splits
+        ([1, 17, 40], 6, 2, 64, 16, 1),  # GQA 3, one token, partial last blocks, one split
+        ([1, 17, 40, 0], 6, 2, 64, 16, 3),  # the same split three ways (1, 2, 3 busy), padding
+        ([150, 5, 0], 8, 2, 16, 8, 3),  # GQA 4, head_dim 16 (64-token tiles), block size 8
+        ([70], 4, 1, 32, 16, 4),  # one sequence: 3 busy splits of 4, the last one short
         ([1, 16, 49, 32], 8, 2, 64, 16, 2),  # Llama-3.2-1B's head_dim and GQA 4, full blocks
         ([37], 8, 1, 128, 16, 2),  # head_dim 128, GQA 8
     ],
 )
 def test_decode_attention(seq_lens, num_heads, num_kv_heads, head_dim, block_size, num_splits):
-    _run_decode(seq_lens, num_heads, num_kv_heads, head_dim, block_size, num_splits)
+    _, _, busy = _run_decode(seq_lens, num_heads, num_kv_heads, head_dim, block_size, num_splits)
+    if num_splits > 1:  # the cases were chosen so: some sequence splits, none splits evenly
+        assert max(busy) > 1
 
 
 def test_decode_more_splits_than_tiles():
-    """Eight splits of 20- and 3-token contexts: most splits are empty and say so."""
-    m, _ = _run_decode([20, 3], 8, 2, 64, 16, 8)
-    assert (m[:, :, 0] > -np.inf).all()  # the first split always holds the first token
-    assert (m[:, :, -1] == -np.inf).all()  # a 20-token context never reaches the eighth
+    """Eight splits of 20- and 3-token contexts: most splits are empty and write nothing; the
+    3-token sequence has one busy split, which writes the output itself."""
+    assert tile_tokens(64) < 20 <= 2 * tile_tokens(64)  # the 20-token context: two tiles
+    m, _, busy = _run_decode([20, 3], 8, 2, 64, 16, 8)
+    assert busy == [2, 1]
+    assert np.isfinite(m[0, :, :2]).all() and np.isnan(m[0, :, 2:]).all()
+    assert np.isnan(m[1]).all()
+
+
+def test_decode_twice_on_the_same_counters():
+    """The counters are back at zero after a launch: a second launch on them (as a graph replay
+    would) merges again, with the same bits (the merge runs over the splits in a fixed order,
+    whichever block finishes last). Mixed contexts, a padding row, GQA 4, head_dim 64."""
+    _, _, busy = _run_decode([40, 0, 23], 8, 2, 64, 16, 3, launches=2)
+    assert busy == [3, 1, 2]
 
 
 @pytest.mark.parametrize(
     "seq_lens, num_heads, num_kv_heads, head_dim, block_size, num_splits",
     [
-        ([5, 40], 6, 2, 64, 16, 2),  # 8 lanes a token: three shuffles a score
+        ([5, 40, 0], 6, 2, 64, 16, 2),  # 8 lanes a token: three shuffles a score; padding
         ([33, 5], 8, 2, 16, 8, 1),  # 2 lanes a token
     ],
 )
@@ -100,6 +147,31 @@ def test_decode_attention_gpu_code_path(
         _run_decode(seq_lens, num_heads, num_kv_heads, head_dim, block_size, num_splits)
 
 
+def test_split_launch_needs_counters():
+    rng, _ = fresh_rng()
+    case = paged_case(rng, [9], [1], 4, 2, 16, 16)
+    out = poisoned((1, 64), np.uint16)
+    scratch = poisoned((64,), np.float32)
+    with pytest.raises(ValueError, match="counters"):
+        decode_attention(*attention_device_args(case), 1, 4, 0.25, out, scratch, scratch, 2)
+
+
+def test_busy_splits():
+    """The host twin of the kernel's split arithmetic: busy splits are whole tiles (the last
+    one short) that cover the context, never more than num_splits, one for seq_len 0."""
+    for head_dim in (16, 64, 128):
+        tile = tile_tokens(head_dim)
+        for splits in (1, 2, 3, 8, MAX_SPLITS):
+            assert busy_splits(0, splits, head_dim) == 1
+            for ctx in (1, tile - 1, tile, tile + 1, 5 * tile + 3, 100 * tile):
+                busy = busy_splits(ctx, splits, head_dim)
+                chunk = -(-ctx // splits)
+                chunk = -(-chunk // tile) * tile
+                assert 1 <= busy <= splits
+                assert (busy - 1) * chunk < ctx <= busy * chunk
+                assert busy == 1 or ctx > tile
+
+
 def test_choose_num_splits():
     """Batch 1 of an 8-KV-head model fills the H200's 132 SMs; big batches do not split."""
     assert choose_num_splits(1, 8, 132) * 8 >= 132
@@ -108,18 +180,17 @@ def test_choose_num_splits():
         splits = choose_num_splits(batch, 8, 132)
         assert 1 <= splits <= MAX_SPLITS
         assert batch * 8 * splits >= min(132, batch * 8 * MAX_SPLITS)
+        assert counter_size(batch, 8, splits) == (0 if splits == 1 else batch * 8)
 
 
-def test_decode_padding_sequence_writes_zeros():
-    """seq_len 0 (a padding row of a captured graph) must write zeros, not NaN, whatever the
-    split count (5: more splits than the 9-token context has tiles)."""
-    rng, _ = fresh_rng()
-    case = paged_case(rng, [9, 1], [1, 1], 4, 2, 16, 16)
-    case.batch.seq_lens[1] = 0
-    for splits in (1, 2, 5):
-        out = poisoned((2, 64), np.uint16)
-        a, m = partial_sizes(2, 4, 16, splits)
-        part_acc, part_ml = poisoned((max(a, 1),), np.float32), poisoned((max(m, 1),), np.float32)
-        decode_attention(*attention_device_args(case), 2, 4, 0.25, out, part_acc, part_ml, splits)
-        got = from_bf16_bits(synced(out))
-        assert (got[1] == 0).all() and np.isfinite(got[0]).all()
+def test_blocks_per_sm_environment(monkeypatch):
+    """TINYCHAT_DECODE_BLOCKS_PER_SM sets the launch bound (read at import): 4 by default."""
+    read = attention_decode._blocks_per_sm
+    monkeypatch.delenv(attention_decode.BLOCKS_PER_SM_ENV, raising=False)
+    assert read() == attention_decode.DEFAULT_BLOCKS_PER_SM == 4
+    monkeypatch.setenv(attention_decode.BLOCKS_PER_SM_ENV, "2")
+    assert read() == 2
+    for bad in ("0", "-1", "two", "17"):
+        monkeypatch.setenv(attention_decode.BLOCKS_PER_SM_ENV, bad)
+        with pytest.raises(ValueError, match="TINYCHAT_DECODE_BLOCKS_PER_SM"):
+            read()

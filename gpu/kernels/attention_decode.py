@@ -3,7 +3,8 @@
 A decode step asks, for every sequence b and query head h: softmax(q . K^T * scale) @ V over
 the sequence's whole context, whose K and V live in scattered cache blocks (the block table maps
 logical block j of b to a physical block). There is almost no arithmetic per byte (2 * group
-FMAs per bf16 of K or V), so the kernel is judged by one number: the GB/s of KV it reads.
+FMAs per bf16 of K or V), so the kernel is judged by two numbers: the GB/s of KV it reads at
+large batches, and the microseconds of one launch at batch 1, where it is latency-bound.
 
 The design, from the top:
 
@@ -33,35 +34,69 @@ The design, from the top:
   run time would). `t // block_size` is a shift.
 * Split-KV: with few sequences, (sequences x KV heads) blocks would leave most of the 132 SMs
   idle (batch 1 of Llama-3.2-1B is 8 blocks). So the context is cut into `num_splits` chunks,
-  whole tiles each, computed on the device from seq_lens: a short context leaves the last splits
-  empty (they write m = -inf, l = 0 and the reduce skips them) instead of making tiny ones.
-  num_splits depends only on the batch size (choose_num_splits: about four blocks per SM, at
-  most MAX_SPLITS), so a captured graph per batch-size bucket stays valid for any context. A
-  split writes its unnormalised accumulator and (m, l) (m in log2 units), and a small reduce
-  kernel merges them: out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s; its loops over
-  splits have a constant trip count (MAX_SPLITS, guarded), so all its loads are in flight at
-  once. With one split the kernel normalises and writes bf16 directly.
+  whole tiles each, computed on the device from seq_lens. num_splits depends only on the batch
+  size (choose_num_splits: about SPLIT_BLOCKS_PER_SM = 4 blocks per SM, at most MAX_SPLITS =
+  32), so a captured graph per batch-size bucket stays valid for any context. A short context
+  therefore leaves the last splits empty rather than making tiny ones: context 128 at 32 splits
+  is 2 busy splits of one 64-token tile and 30 empty ones. Every block computes the number of
+  busy splits, `busy`, from seq_lens; an empty split (split >= busy) returns before its first
+  load, writes nothing and is not counted, so surplus splits cost only their scheduling. That
+  is why choose_num_splits did not change when the merge moved into this kernel: fewer splits
+  would save nothing at short contexts and lose parallelism at long ones (batch 1, context
+  4,096: 32 splits of two tiles).
+* The merge, in the same kernel ("last block done", the CUDA threadFenceReduction sample).
+  With busy == 1 (one split, a context of at most one chunk, or a padding row) the block
+  normalises and writes bf16 itself. Otherwise each busy split writes its unnormalised
+  accumulator and (m, l) (m in log2 units) to part_acc / part_ml, every thread fences
+  (cuda.threadfence: its partials are visible GPU-wide), a barrier, and thread 0 adds 1 to the
+  int32 counter of its (sequence, KV head) with cuda.atomic.add and fences again (acquire). The
+  block that saw busy - 1 (the last of its sequence's splits to finish) learns so through shared
+  memory, resets the counter to 0 (all busy splits have counted: the next launch, or graph
+  replay, finds it zero without a memset) and merges: out = sum_s 2^(m_s - M) acc_s / sum_s
+  2^(m_s - M) l_s, over s = 0, 1, ... busy - 1 in that order whichever block is last, so the
+  result is deterministic and the same arithmetic as the former separate reduce kernel. Its
+  loops over splits have a constant trip count (MAX_SPLITS, guarded), so all their loads are in
+  flight at once. The counters (one per sequence x KV head, zeroed once when allocated) belong
+  to the caller, like part_acc / part_ml: CudaBackend owns all three. This saves the second
+  launch (about 1.3 us of graph replay and a dependent kernel boundary) and the reduce's 8
+  blocks re-reading partials behind a full grid drain.
 
 All shapes come from device buffers (query_start_loc, seq_lens, the block table and its row
 stride in a one-element device array): no host value of the step is baked into the launch but
-the number of sequences. A sequence with seq_len 0 (graph padding) writes zeros.
+the number of sequences. A sequence with seq_len 0 (graph padding) writes zeros from split 0
+and reads nothing.
 
 In the CUDA simulator (no warp shuffles) the lane sums go through shared memory with two
-barriers per tile; one `if SIMULATOR` picks the path and the GPU build drops the other.
+barriers per tile; one `if SIMULATOR` picks the path and the GPU build drops the other. The
+simulator runs blocks one after another and supports cuda.atomic.add (threadfence is a no-op
+there), so the counting runs, but the memory ordering is only exercised on a GPU.
+
+Registers. launch_bounds asks ptxas to fit BLOCKS_PER_SM blocks of 128 threads on an SM, i.e.
+at most 65536 / (128 * BLOCKS_PER_SM) registers a thread: 128 at the default 4, where ptxas
+reports a 40-byte spill. BLOCKS_PER_SM is read once, at import, from the environment variable
+TINYCHAT_DECODE_BLOCKS_PER_SM (default 4; 3 allows 168 registers, 2 allows 255), to try the
+trade of fewer resident blocks for no spill on the bandwidth-bound cases (batch 64 / 256). It
+changes only the code generation, not choose_num_splits (SPLIT_BLOCKS_PER_SM), so the grids,
+graph buckets and numerics stay the same. Numba's on-disk cache key ignores launch bounds, so
+only the default build is cached.
 
 Expected on the H200 (4.25 TB/s copy rate; KV bytes = 2 * context * nkv * head_dim * 2 per
 sequence, 256 KB per 1,024 tokens for Llama-3.2-1B): batch 64 / context 1024 reads 128 MB, one
 split, 512 blocks resident in one wave, each with 16 KB of loads in flight per tile: ~35-40 us
 (~3.5 TB/s). Batch 256 / context 512: 256 MB, ~70 us. Batch 1 is latency, not bandwidth: 2 MB
 at context 1024 over 32 splits (16 of them busy, one tile each) is one round trip for the
-block table, one for the tile, the merge and the reduce kernel: ~4-6 us for both kernels, about
-the same at contexts 32-200. tests/device/bench_kernels.py measures it.
+block table, one for the tile, the slot merge, the partials' fence and atomic, and the last
+block's merge (one more round trip, from L2): ~4-6 us, about the same at contexts 32-200 (a
+context of at most 64 tokens is one busy split and skips the partials altogether).
+tests/device/bench_kernels.py measures it.
 
 Measured on the H200 (issue 5, cold KV): batch 64 / context 1024 in 76.7 us (1.75 TB/s of KV,
 11x the first version), batch 256 / context 512 in 154 us (1.74 TB/s): half the expected rate,
-so the 128-register cap (4 blocks per SM, a 40-byte spill) is the next thing to try. Batch 1 took
-15.6 us at context 128 and 21.7 us at 1,024 (was 48): latency-bound, the launch of 256 blocks
-and the reduce kernel dominate; fewer splits for short contexts would help.
+so the 128-register cap (4 blocks per SM, a 40-byte spill) is the next thing to try
+(TINYCHAT_DECODE_BLOCKS_PER_SM, not yet measured). With the separate reduce kernel, batch 1
+took 15.6 us at context 128 and 21.7 us at 1,024 (was 48): latency-bound, the launch of 256
+blocks and the reduce kernel dominated. The fused merge and the empty splits that exit at once
+are NOT YET MEASURED on the device.
 
 History. The first version (issue 4) gathered 32-token tiles into shared memory as fp32, had one
 thread per (head, token) score with 64-long shared-memory dot products, serial per-head max and
@@ -69,6 +104,8 @@ sum, 6 barriers per tile and accumulators in `cuda.local.array`. Measured on the
 everywhere, but 48 us at batch 1 / context 1024 (32 splits) and 849 us at batch 64 / context
 1024, i.e. 90-140 GB/s of KV against the 4.3 TB/s copy rate. Removing 64-bit divisions from the
 inner loops gained only 6%: the time went to barriers, shared-memory traffic and local memory.
+Issue 5 rewrote it as above, with a separate reduce kernel for the splits; the merge then moved
+into this kernel (last block done) and empty splits stopped writing anything.
 
 numpy twin: CpuBackend.attention (gpu/backends/cpu.py), with one query row per sequence.
 """
@@ -77,10 +114,12 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 
 import numpy as np
 from numba import cuda, float32, int32, uint64
 
+from gpu.kernels import launch
 from gpu.kernels.bf16 import bits_f32, f32_to_bf16
 from gpu.kernels.launch import SIMULATOR, cdiv, device_function, threads
 
@@ -88,17 +127,32 @@ DIMS = 8  # head dimensions per lane: two 8-byte words of four bf16
 UNROLL = 4  # tokens per token slot per tile
 MAX_GROUP = 8  # query heads per KV head
 MAX_SPLITS = 32
-BLOCKS_PER_SM = 4  # choose_num_splits aims at this many busy blocks per SM
+SPLIT_BLOCKS_PER_SM = 4  # choose_num_splits aims at this many busy blocks per SM
+DEFAULT_BLOCKS_PER_SM = 4  # launch_bounds: blocks an SM must fit (128 threads: 128 registers)
+BLOCKS_PER_SM_ENV = "TINYCHAT_DECODE_BLOCKS_PER_SM"
 LOG2E = 1.4426950408889634
 NEG_INF = float32(-math.inf)
 FULL_MASK = 0xFFFFFFFF
-NTHREADS = threads(128)  # per block, both kernels
+NTHREADS = threads(128)  # per block
+
+
+def _blocks_per_sm() -> int:
+    """The launch_bounds minimum of blocks per SM: $TINYCHAT_DECODE_BLOCKS_PER_SM or 4."""
+    text = os.environ.get(BLOCKS_PER_SM_ENV, "").strip()
+    if not text:
+        return DEFAULT_BLOCKS_PER_SM
+    if not text.isdigit() or not 1 <= int(text) <= 16:
+        raise ValueError(f"{BLOCKS_PER_SM_ENV} must be an integer in 1..16, not {text!r}")
+    return int(text)
+
+
+BLOCKS_PER_SM = _blocks_per_sm()  # read once, at import
 
 _ARGS = (
     "float32[:, ::1], uint64[:, :, :, ::1], uint64[:, :, :, ::1], int32[::1], int32[::1],"
-    " int32[::1], int32[::1], float64, int64, uint16[:, ::1], float32[::1], float32[::1]"
+    " int32[::1], int32[::1], float64, int64, uint16[:, ::1], float32[::1], float32[::1],"
+    " int32[::1]"
 )
-_REDUCE_ARGS = "int32[::1], int64, uint16[:, ::1], float32[::1], float32[::1]"
 
 
 @device_function
@@ -116,20 +170,29 @@ def check_shape(head_dim: int, group: int) -> None:
         )
 
 
+def tile_tokens(head_dim: int) -> int:
+    """Tokens per iteration of a block (64 at head_dim 64 on the GPU): the granule of a split."""
+    return NTHREADS // (head_dim // DIMS) * UNROLL
+
+
 @functools.cache
 def decode_kernel(head_dim: int, group: int, block_size: int):
-    """The split-KV decode kernel specialised for (head_dim, group, block_size)."""
+    """The split-KV decode kernel (merge included) specialised for (head_dim, group,
+    block_size)."""
     check_shape(head_dim, group)
+    # launch.SIMULATOR, not this module's SIMULATOR: the tests turn the latter off to run the
+    # GPU code path in the simulator, which still cannot compile a real kernel.
+    simulated = launch.SIMULATOR
     nthreads = NTHREADS
     lanes = head_dim // DIMS  # threads per token
     log_lanes = lanes.bit_length() - 1
     slots = nthreads // lanes  # tokens in flight per step
-    tile = slots * UNROLL  # tokens per iteration; splits are whole tiles
+    tile = tile_tokens(head_dim)  # slots * UNROLL tokens per iteration; splits are whole tiles
     nq = group * DIMS  # q values (and accumulators) per lane
     ns = group * UNROLL  # scores per lane per tile
     nw = 2 * UNROLL  # 8-byte words per lane per tile, of K and of V
     out_dims = group * head_dim
-    red_shape = (ns, nthreads) if SIMULATOR else (1, 1)
+    red_shape = (ns, nthreads) if simulated else (1, 1)
     m_shape = (slots, group)
     acc_shape = (slots, out_dims)
 
@@ -146,11 +209,13 @@ def decode_kernel(head_dim: int, group: int, block_size: int):
         out,
         part_acc,
         part_ml,
+        counters,
     ):
         red = cuda.shared.array(red_shape, float32)  # the simulator's lane sums
         m_sh = cuda.shared.array(m_shape, float32)
         l_sh = cuda.shared.array(m_shape, float32)
         acc_sh = cuda.shared.array(acc_shape, float32)
+        last_sh = cuda.shared.array(1, int32)
         q = cuda.local.array(nq, float32)
         acc = cuda.local.array(nq, float32)
         m = cuda.local.array(group, float32)
@@ -161,6 +226,7 @@ def decode_kernel(head_dim: int, group: int, block_size: int):
         vw = cuda.local.array(nw, uint64)
         x = cuda.local.array(DIMS, float32)
         blk = cuda.local.array(UNROLL, int32)
+        ms = cuda.local.array(MAX_SPLITS, float32)
 
         b = cuda.blockIdx.x
         kvh = cuda.blockIdx.y
@@ -168,14 +234,24 @@ def decode_kernel(head_dim: int, group: int, block_size: int):
         tid = cuda.threadIdx.x
         slot = tid // lanes
         lane = tid % lanes
-        row = query_start_loc[b]
         ctx = seq_lens[b]
-        table = b * block_table_stride[0]
         # This split's share of the context: whole tiles, the last splits short or empty.
+        # `busy` splits hold tokens (one for a padding row, ctx 0); the others exit at once.
         chunk = (ctx + num_splits - 1) // num_splits
         chunk = (chunk + tile - 1) // tile * tile
+        busy = 1
+        if chunk > 0:
+            busy = (ctx + chunk - 1) // chunk
+        if split >= busy:
+            return  # an empty split: no load, no write, no counter
+        row = query_start_loc[b]
+        if ctx == 0:  # a padding row of a captured graph: zeros, nothing read
+            for o in range(tid, out_dims, nthreads):
+                out[row, kvh * out_dims + o] = f32_to_bf16(float32(0.0))
+            return
         start = split * chunk
         end = min(ctx, start + chunk)
+        table = b * block_table_stride[0]
 
         # Lane `lane` owns dimensions 4 * (lane + w * lanes) + i of every head (word w = 0, 1
         # of its token's row, bf16 i = 0..3 of the word): j = 4 * w + i below.
@@ -192,11 +268,10 @@ def decode_kernel(head_dim: int, group: int, block_size: int):
         # The physical block of each of this lane's tokens of the first tile. Token indices are
         # clamped to the last one (its row is read again, its score masked), so the loads need
         # no branch and are all issued back to back.
-        last = max(end - 1, 0)
-        if start < end:
-            for u in range(UNROLL):
-                t = min(start + u * slots + slot, last)
-                blk[u] = block_tables[table + t // block_size]
+        last = end - 1
+        for u in range(UNROLL):
+            t = min(start + u * slots + slot, last)
+            blk[u] = block_tables[table + t // block_size]
         for t0 in range(start, end, tile):
             for u in range(UNROLL):  # UNROLL tokens x 2 words x (K, V), all in flight at once
                 off = min(t0 + u * slots + slot, last) % block_size
@@ -288,7 +363,7 @@ def decode_kernel(head_dim: int, group: int, block_size: int):
                 lsum += l_sh[k, h]
                 top = max(top, m_sh[k, h])
             head = kvh * group + h
-            if num_splits == 1:
+            if busy == 1:  # the whole context in this block: normalise, done
                 value = float32(0.0)
                 if lsum > 0:
                     value = total / lsum
@@ -299,74 +374,89 @@ def decode_kernel(head_dim: int, group: int, block_size: int):
                 if d == 0:
                     part_ml[2 * idx] = top
                     part_ml[2 * idx + 1] = lsum
+        if busy == 1:
+            return
 
-    if SIMULATOR:
-        return cuda.jit(cache=True)(kernel)
-    # At most 128 registers a thread (no spills, measured with ptxas): 4 blocks fit an SM.
-    return cuda.jit(cache=True, launch_bounds=(nthreads, BLOCKS_PER_SM))(kernel)
-
-
-@functools.cache
-def reduce_kernel(head_dim: int, group: int):
-    """The split merge for (head_dim, group): one block per (sequence, KV head)."""
-    nthreads = NTHREADS
-    out_dims = group * head_dim
-
-    def kernel(query_start_loc, num_splits, out, part_acc, part_ml):
-        ms = cuda.local.array(MAX_SPLITS, float32)
-        b = cuda.blockIdx.x
-        kvh = cuda.blockIdx.y
-        num_heads = out.shape[1] // head_dim
-        row = query_start_loc[b]
-        for o in range(cuda.threadIdx.x, out_dims, nthreads):
-            head = kvh * group + o // head_dim
-            d = o % head_dim
+        # Last block done: the busy splits of (b, kvh) count themselves in; the one that finds
+        # busy - 1 others there merges them all. Release: every thread's partials are visible
+        # GPU-wide before the count; acquire: thread 0 fences after it, the barrier passes it on.
+        cuda.threadfence()
+        cuda.syncthreads()
+        if tid == 0:
+            counter = b * k_cache.shape[2] + kvh
+            seen = cuda.atomic.add(counters, counter, int32(1))
+            cuda.threadfence()
+            last_sh[0] = int32(0)
+            if seen == busy - 1:
+                last_sh[0] = int32(1)
+                counters[counter] = int32(0)  # every busy split has counted: ready for the next
+        cuda.syncthreads()
+        if last_sh[0] == 0:
+            return
+        # out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s, splits in order 0, 1, ...: the
+        # same sums whichever block is last. Constant trip counts (MAX_SPLITS, guarded): every
+        # load of a loop is issued before the first is used.
+        for o in range(tid, out_dims, nthreads):
+            h = o // head_dim
+            d = o - h * head_dim
+            head = kvh * group + h
             base = (b * num_heads + head) * num_splits
-            # Constant trip counts: every load of a loop is issued before the first is used.
             top = NEG_INF
-            for s in range(MAX_SPLITS):
-                ms[s] = NEG_INF
-                if s < num_splits:
-                    ms[s] = part_ml[2 * (base + s)]
-                top = max(top, ms[s])
+            for k in range(MAX_SPLITS):
+                ms[k] = NEG_INF
+                if k < busy:
+                    ms[k] = part_ml[2 * (base + k)]
+                top = max(top, ms[k])
             num = float32(0.0)
-            den = float32(0.0)
-            for s in range(MAX_SPLITS):
-                if ms[s] > NEG_INF:  # an empty split wrote (m, l) only: skip its accumulator
-                    w = math.exp2(ms[s] - top)
-                    num += w * part_acc[(base + s) * head_dim + d]
-                    den += w * part_ml[2 * (base + s) + 1]
+            lsum = float32(0.0)
+            for k in range(MAX_SPLITS):
+                if k < busy:
+                    w = math.exp2(ms[k] - top)
+                    num += w * part_acc[(base + k) * head_dim + d]
+                    lsum += w * part_ml[2 * (base + k) + 1]
             value = float32(0.0)
-            if den > 0:
-                value = num / den
+            if lsum > 0:
+                value = num / lsum
             out[row, head * head_dim + d] = f32_to_bf16(value)
 
-    return cuda.jit(cache=True)(kernel)
+    if simulated:
+        return cuda.jit(cache=True)(kernel)
+    # At most 65536 / (128 * BLOCKS_PER_SM) registers a thread (4: 128, and ptxas spills 40
+    # bytes). The on-disk cache key ignores launch bounds: cache the default build only.
+    return cuda.jit(
+        cache=BLOCKS_PER_SM == DEFAULT_BLOCKS_PER_SM, launch_bounds=(nthreads, BLOCKS_PER_SM)
+    )(kernel)
 
 
 # The specialisations of the preset models (Llama-3.2-1B: head_dim 64, group 4; SmolLM2-135M:
 # 64, 3), by name, for the sm_90 compile test; any other shape is built on first use.
 decode_kernel_llama32 = decode_kernel(64, 4, 16)
 decode_kernel_smollm2 = decode_kernel(64, 3, 16)
-reduce_kernel_llama32 = reduce_kernel(64, 4)
 SIGNATURES = {
     "decode_kernel_llama32": [f"void({_ARGS})"],
     "decode_kernel_smollm2": [f"void({_ARGS})"],
-    "reduce_kernel_llama32": [f"void({_REDUCE_ARGS})"],
 }
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, num_sms: int) -> int:
-    """Splits per sequence so that about BLOCKS_PER_SM blocks per SM have work, 1 once the
-    batch alone gives three (at most MAX_SPLITS).
+    """Splits per sequence so that about SPLIT_BLOCKS_PER_SM blocks per SM have work, 1 once
+    the batch alone gives three (at most MAX_SPLITS).
 
     A function of the batch size alone, so every step of a graph bucket launches the same grid;
-    for a short context the last splits are empty (cheap), never tiny.
+    for a short context the last splits are empty (they exit at once), never tiny.
     """
     blocks = num_seqs * num_kv_heads
     if blocks >= 3 * num_sms:
         return 1
-    return max(1, min(MAX_SPLITS, cdiv(BLOCKS_PER_SM * num_sms, blocks)))
+    return max(1, min(MAX_SPLITS, cdiv(SPLIT_BLOCKS_PER_SM * num_sms, blocks)))
+
+
+def busy_splits(seq_len: int, num_splits: int, head_dim: int) -> int:
+    """Host twin of the kernel's `busy`: the splits that hold tokens of a seq_len context (1 for
+    seq_len 0, whose split 0 writes the zeros); the others exit at once."""
+    tile = tile_tokens(head_dim)
+    chunk = cdiv(cdiv(seq_len, num_splits), tile) * tile
+    return cdiv(seq_len, chunk) if chunk else 1
 
 
 def partial_sizes(num_seqs: int, num_heads: int, head_dim: int, num_splits: int) -> tuple:
@@ -374,6 +464,11 @@ def partial_sizes(num_seqs: int, num_heads: int, head_dim: int, num_splits: int)
     if num_splits == 1:
         return 0, 0
     return num_seqs * num_heads * num_splits * head_dim, num_seqs * num_heads * num_splits * 2
+
+
+def counter_size(num_seqs: int, num_kv_heads: int, num_splits: int) -> int:
+    """int32 split counters a launch needs: one per (sequence, KV head) when it splits."""
+    return 0 if num_splits == 1 else num_seqs * num_kv_heads
 
 
 def decode_attention(
@@ -392,12 +487,16 @@ def decode_attention(
     part_ml,
     num_splits: int = 1,
     stream=0,
+    *,
+    counters=None,
 ) -> None:
     """out [B, nh * hd] bf16: attention of the one query row of each of num_seqs sequences.
 
     k_cache / v_cache: [blocks, block_size, nkv, hd] bf16 bits (uint16). part_acc / part_ml:
-    float32 scratch of at least partial_sizes(...) elements (unused, any array, when num_splits
-    is 1).
+    float32 scratch of at least partial_sizes(...) elements; counters: int32 of at least
+    counter_size(...) elements, ZERO when first used (the kernel leaves it zero again, so the
+    same array serves every later launch and graph replay). All three may be any array of their
+    dtype when num_splits is 1.
     """
     if num_seqs == 0:
         return
@@ -406,13 +505,13 @@ def decode_attention(
     check_shape(hd, group)
     if not 1 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"num_splits must be in 1..{MAX_SPLITS}, not {num_splits}")
+    if counters is None:
+        if num_splits > 1:
+            raise ValueError("a split launch needs counters: zeroed int32, counter_size(...)")
+        counters = seq_lens  # any int32 array: a one-split launch never counts
     # Four bf16 per 8-byte load: the same bytes, viewed as uint64 (no copy).
     k64, v64 = k_cache.view(np.uint64), v_cache.view(np.uint64)
     decode_kernel(hd, group, block_size)[(num_seqs, nkv, num_splits), NTHREADS, stream](
         qkv, k64, v64, block_tables, block_table_stride, query_start_loc, seq_lens,
-        float(scale), num_splits, out, part_acc, part_ml,
+        float(scale), num_splits, out, part_acc, part_ml, counters,
     )  # fmt: skip
-    if num_splits > 1:
-        reduce_kernel(hd, group)[(num_seqs, nkv), NTHREADS, stream](
-            query_start_loc, num_splits, out, part_acc, part_ml
-        )

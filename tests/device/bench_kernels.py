@@ -28,7 +28,8 @@ from gpu.presets import preset_config
 CFG = preset_config("llama-3.2-1b")
 NH, NKV, HD, V = CFG.num_attention_heads, CFG.num_key_value_heads, CFG.head_dim, CFG.vocab_size
 BS = 16
-ATTENTION_CASES = [(1, 128), (1, 1024), (1, 4096), (8, 1024), (64, 1024), (256, 512)]
+# (1, 32): one busy split, no partials; (1, 128): two busy splits merged by the last block.
+ATTENTION_CASES = [(1, 32), (1, 128), (1, 1024), (1, 4096), (8, 1024), (64, 1024), (256, 512)]
 ARGMAX_ROWS = [1, 64]
 POOL_BLOCKS = max(b * -(-ctx // BS) for b, ctx in ATTENTION_CASES)  # 8192: 2 x 128 MB
 REPS = 50
@@ -90,17 +91,20 @@ def attention_case(batch: int, ctx: int, k_pool, v_pool, k_host, v_host, num_sms
     acc, ml = attention_decode.partial_sizes(batch, NH, HD, splits)
     part_acc = cuda.device_array(max(acc, 1), np.float32, stream=stream)
     part_ml = cuda.device_array(max(ml, 1), np.float32, stream=stream)
+    # Zeroed once: every launch leaves the split counters at zero again.
+    counters = dev(np.zeros(max(attention_decode.counter_size(batch, NKV, splits), 1), np.int32))
 
     def run(table):
         attention_decode.decode_attention(
             qkv, k_pool, v_pool, table, stride, qsl, lens, batch, NH, HD**-0.5, out,
-            part_acc, part_ml, splits, stream,
+            part_acc, part_ml, splits, stream, counters=counters,
         )  # fmt: skip
 
     # Correctness, once: the first CHECK_SEQS sequences of copy 0 against the numpy twin.
     run(tables[0])
-    got = from_bf16_bits(out.copy_to_host(stream=stream))
+    first_bits = out.copy_to_host(stream=stream)
     stream.synchronize()
+    got = from_bf16_bits(first_bits)
     n = min(batch, CHECK_SEQS)
     blocks = tables[0].copy_to_host()[: n * per_seq]
     want = np.zeros((n, NH * HD), np.float32)
@@ -114,13 +118,25 @@ def attention_case(batch: int, ctx: int, k_pool, v_pool, k_host, v_host, num_sms
     kf, vf = from_bf16_bits(k_host[blocks]), from_bf16_bits(v_host[blocks])
     CpuBackend().attention(qkv_host[:n], kf, vf, sub, NH, NKV, HD, HD**-0.5, want)
     result = {"batch": batch, "context": ctx, "splits": splits, "copies": len(tables)}
+    result["busy_splits"] = attention_decode.busy_splits(ctx, splits, HD)
+    result["blocks_per_sm"] = attention_decode.BLOCKS_PER_SM  # $TINYCHAT_DECODE_BLOCKS_PER_SM
+    result["counters_zero"] = bool((counters.copy_to_host() == 0).all())
     result["check"] = relative_errors(got[:n], want)
-    result["check"]["ok"] = bool(result["check"]["max_abs"] < 2e-2 and not result["check"]["nan"])
+    result["check"]["ok"] = bool(
+        result["check"]["max_abs"] < 2e-2 and not result["check"]["nan"] and result["counters_zero"]
+    )
 
     kv_bytes = 2 * batch * ctx * NKV * HD * 2
     result["kv_mb"] = round(kv_bytes / 1e6, 2)
     result["us"] = median_us(lambda i: run(tables[i % len(tables)]))
     result["us_warm"] = median_us(lambda i: run(tables[0]))
+    # After ~100 launches on the same counters: still zero, and the same bits as the first.
+    run(tables[0])
+    again = out.copy_to_host(stream=stream)
+    stream.synchronize()
+    result["repeat_identical"] = bool((again == first_bits).all())
+    result["check"]["ok"] &= result["repeat_identical"]
+    result["check"]["ok"] &= bool((counters.copy_to_host() == 0).all())
     result["kv_gb_s"] = round(kv_bytes / result["us"] / 1e3, 1)
     result["of_copy_rate"] = round(result["kv_gb_s"] / (COPY_TB_S * 1e3), 3)
     return result
@@ -172,14 +188,18 @@ def argmax_all() -> dict:
 
 
 def table(data: dict) -> str:
-    lines = ["decode attention (Llama-3.2-1B: 32 q heads, 8 KV heads, head_dim 64, bf16 KV)"]
-    lines.append(f"{'batch':>5} {'ctx':>5} {'splits':>6} {'KV MB':>7} {'us':>8} {'us warm':>8}"
-                 f" {'GB/s':>7} {'of copy':>7}  check")  # fmt: skip
+    lines = [
+        "decode attention (Llama-3.2-1B: 32 q heads, 8 KV heads, head_dim 64, bf16 KV;"
+        f" launch bounds {attention_decode.BLOCKS_PER_SM} blocks/SM)"
+    ]
+    lines.append(f"{'batch':>5} {'ctx':>5} {'splits':>6} {'busy':>4} {'KV MB':>7} {'us':>8}"
+                 f" {'us warm':>8} {'GB/s':>7} {'of copy':>7}  check")  # fmt: skip
     for r in (data.get("attention") or {}).values():
         if not isinstance(r, dict) or "us" not in r:
             continue
         lines.append(
-            f"{r['batch']:>5} {r['context']:>5} {r['splits']:>6} {r['kv_mb']:>7} {r['us']:>8}"
+            f"{r['batch']:>5} {r['context']:>5} {r['splits']:>6} {r['busy_splits']:>4}"
+            f" {r['kv_mb']:>7} {r['us']:>8}"
             f" {r['us_warm']:>8} {r['kv_gb_s']:>7} {r['of_copy_rate']:>7}"
             f"  {'ok' if r['check']['ok'] else 'FAIL'} (max abs {r['check']['max_abs']:.1e})"
         )
