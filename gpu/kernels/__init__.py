@@ -3,9 +3,13 @@ launcher and pointing at its numpy twin (the matching method of gpu/backends/cpu
 gpu/sampling/numpy_sampler.py for the sampler).
 
     bf16.py              bf16 <-> fp32 bit shim (runs in the CUDA simulator too)
-    block_reduce.py      block-wide sum / max / argmax through shared memory
+    block_reduce.py      block-wide sum / max / argmax: warp shuffles on the GPU, a
+                         shared-memory tree in the simulator
     embedding.py         token embedding lookup, gather_rows
-    rmsnorm.py           rmsnorm, add_rmsnorm (residual add fused)
+    gemv.py              decode matrix-vector products with RMSNorm / rope+KV / SiLU / residual
+                         fused in
+    rmsnorm.py           rmsnorm, for prefill steps and the composed path (decode steps fuse
+                         the norm into gemv.py's prologue)
     rope_kv.py           rotate-half RoPE fused with the paged KV-cache write
     attention_decode.py  paged decode attention: thread group per token, shuffles, split-KV
     attention_prefill.py paged causal attention for prefill chunks and mixed batches
@@ -14,7 +18,9 @@ gpu/sampling/numpy_sampler.py for the sampler).
     argmax.py            the all-greedy fast path: two-stage argmax over vocabulary chunks
     launch.py            the simulator switch and block sizes
 
-Matrix products are not here: they go through cuBLAS (gpu/backends/cuda/cublas.py).
+The matrix products of decode steps (at most gemv.MAX_TOKENS tokens) go through gemv.py; those
+of larger steps (prefill, big decode batches) are not here: they go through cuBLAS
+(gpu/backends/cuda/cublas.py).
 
 Kernels compile on first use (once per process per argument types) and are cached on disk
 (`cache=True`). Numba keys that cache on the kernel's own file only: after editing a helper

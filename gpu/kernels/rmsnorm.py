@@ -1,37 +1,38 @@
-"""RMSNorm, and RMSNorm fused with the residual add that precedes it.
+"""RMSNorm: out = x / sqrt(mean(x**2) + eps) * weight, row by row.
 
-    rmsnorm:      out = x / sqrt(mean(x**2) + eps) * weight
-    add_rmsnorm:  residual += x; out = rmsnorm(residual)
+It serves the steps gpu/kernels/gemv.py does not: prefill chunks and decode batches of more
+than gemv.MAX_TOKENS tokens, where the cuda backend composes each fused op (ComposedOps in
+gpu/backends/base.py: rmsnorm, then a cuBLAS product). Decode steps of a few tokens compute
+the norm in gemv.py's prologue instead and never launch this kernel.
 
 One block per row (token): the sum of squares is a block-wide reduction, then every element is
 scaled and written as bf16, the dtype the next matrix product reads. The residual stream stays
-float32. Fusing the add saves a kernel launch and a full read and write of the residual per
-layer.
+float32.
 
-At decode (1-8 rows) the kernel does almost no work: its time is the chain of waits between
-dependent steps (load the row, reduce, write). So the row kernels are built for one hidden
-size (`row_kernels`, cached per size) and shaped to make that chain short:
+At a batch decode (9-64 rows) the kernel does almost no work: its time is the chain of waits
+between dependent steps (load the row, reduce, write). So the row kernels are built for one
+hidden size (`row_kernel`, cached per size) and shaped to make that chain short:
 
 * the row lives in registers: each of the block's threads owns `per` elements, i, i + threads,
-  ... (coalesced), and every load of x (and of the residual) and of the weight is issued before
-  the first is used; one memory round trip, then the second sweep reads registers, not memory;
-  `per` and the strides are compile-time constants, so the loops unroll and the per-thread
-  arrays are registers. The last thread's loads past the row are clamped to its last element
-  and skipped (no branch around a load);
+  ... (coalesced), and every load of x and of the weight is issued before the first is used;
+  one memory round trip, then the second sweep reads registers, not memory; `per` and the
+  strides are compile-time constants, so the loops unroll and the per-thread arrays are
+  registers. The last thread's loads past the row are clamped to its last element and skipped
+  (no branch around a load);
 * the sum of squares is block_reduce.block_sum: warp shuffles, 2 barriers;
 * threads = the power of two that gives ~8 elements a thread, 32 to 1024 (576 -> 128 x 5,
-  2048 -> 256 x 8, 3072 -> 512 x 6, 4096 -> 512 x 8): few warps to reduce at decode, and at
-  64-4096 rows (batch decode, prefill) enough independent loads per SM to keep memory busy.
+  2048 -> 256 x 8, 3072 -> 512 x 6, 4096 -> 512 x 8): few warps to reduce for a few rows, and
+  at 64-4096 rows (batch decode, prefill) enough independent loads per SM to keep memory busy.
 
-A row longer than ROW_IN_REGISTERS_MAX (16 x 1024 floats) takes the general kernels instead: a
+A row longer than ROW_IN_REGISTERS_MAX (16 x 1024 floats) takes the general kernel instead: a
 strided loop over the row for the sum of squares, the same reduction, and a second strided
 sweep that re-reads the row (from L1/L2).
 
-Expected on the H200 (not yet measured on the device): ~2 us at 1-8 rows of 2048 (was 5.5 us
-for rmsnorm, 6.4 us for add_rmsnorm with the strided loops and a 10-barrier tree); at 4096 rows
-close to the copy rate (32 MB read and 16 MB written for rmsnorm at hidden 2048: ~12-15 us).
+Expected on the H200 (not yet measured on the device): ~2 us for a few rows of 2048 (was 5.5 us
+with the strided loops and a 10-barrier tree); at 4096 rows close to the copy rate (32 MB read
+and 16 MB written at hidden 2048: ~12-15 us).
 
-numpy twin: CpuBackend.rmsnorm (gpu/backends/cpu.py); add_rmsnorm is `residual += x`, then it.
+numpy twin: CpuBackend.rmsnorm (gpu/backends/cpu.py).
 """
 
 from __future__ import annotations
@@ -46,10 +47,9 @@ from gpu.kernels.block_reduce import block_sum
 from gpu.kernels.launch import MAX_THREADS, cdiv, threads
 
 ELEMENTS_PER_THREAD = 8  # the target of row_threads
-ROW_IN_REGISTERS_MAX = 16 * MAX_THREADS  # longer rows take the general (strided) kernels
+ROW_IN_REGISTERS_MAX = 16 * MAX_THREADS  # longer rows take the general (strided) kernel
 
 _ARGS = "float32[:, ::1], float32[::1], float64, uint16[:, ::1]"
-_ADD_ARGS = "float32[:, ::1], float32[:, ::1], float32[::1], float64, uint16[:, ::1]"
 
 
 def row_threads(hidden: int) -> int:
@@ -61,8 +61,8 @@ def row_threads(hidden: int) -> int:
 
 
 @functools.cache
-def row_kernels(hidden: int):
-    """(rmsnorm, add_rmsnorm) kernels that hold a row of `hidden` in registers."""
+def row_kernel(hidden: int):
+    """The rmsnorm kernel that holds a row of `hidden` in registers."""
     nthreads = threads(row_threads(hidden))  # the simulator: 32, with a longer `per`
     per = cdiv(hidden, nthreads)
     last = hidden - 1
@@ -89,30 +89,7 @@ def row_kernels(hidden: int):
             if exact or i < hidden:
                 out[row, i] = f32_to_bf16(xs[k] / denom * ws[k])
 
-    def add_rmsnorm_row(x, residual, weight, eps, out):
-        buf = cuda.shared.array(nthreads, float32)
-        xs = cuda.local.array(per, float32)
-        ws = cuda.local.array(per, float32)
-        row = cuda.blockIdx.x
-        tid = cuda.threadIdx.x
-        for k in range(per):
-            i = min(tid + k * nthreads, last)
-            xs[k] = residual[row, i] + x[row, i]
-            ws[k] = weight[i]
-        squares = float32(0.0)
-        for k in range(per):
-            i = tid + k * nthreads
-            if exact or i < hidden:
-                residual[row, i] = xs[k]
-                squares += xs[k] * xs[k]
-        total = block_sum(buf, squares)
-        denom = math.sqrt(total / float32(hidden) + float32(eps))
-        for k in range(per):
-            i = tid + k * nthreads
-            if exact or i < hidden:
-                out[row, i] = f32_to_bf16(xs[k] / denom * ws[k])
-
-    return cuda.jit(cache=True)(rmsnorm_row), cuda.jit(cache=True)(add_rmsnorm_row)
+    return cuda.jit(cache=True)(rmsnorm_row)
 
 
 @cuda.jit(cache=True)
@@ -131,35 +108,14 @@ def rmsnorm_kernel(x, weight, eps, out):
         out[row, i] = f32_to_bf16(x[row, i] / denom * weight[i])
 
 
-@cuda.jit(cache=True)
-def add_rmsnorm_kernel(x, residual, weight, eps, out):
-    """The general fused kernel: any row length, the residual written then re-read."""
-    buf = cuda.shared.array(MAX_THREADS, float32)
-    row = cuda.blockIdx.x
-    hidden = x.shape[1]
-    squares = float32(0.0)
-    for i in range(cuda.threadIdx.x, hidden, cuda.blockDim.x):
-        v = residual[row, i] + x[row, i]
-        residual[row, i] = v
-        squares += v * v
-    total = block_sum(buf, squares)
-    denom = math.sqrt(total / float32(hidden) + float32(eps))
-    # Each thread re-reads only the residual elements it wrote itself: no barrier needed.
-    for i in range(cuda.threadIdx.x, hidden, cuda.blockDim.x):
-        out[row, i] = f32_to_bf16(residual[row, i] / denom * weight[i])
-
-
 # The row kernels of the preset models' hidden sizes (Llama-3.2-1B: 2048, SmolLM2-135M: 576),
 # by name, for the sm_90 compile test; any other size is built on first use.
-rmsnorm_row_2048, add_rmsnorm_row_2048 = row_kernels(2048)
-rmsnorm_row_576, add_rmsnorm_row_576 = row_kernels(576)
+rmsnorm_row_2048 = row_kernel(2048)
+rmsnorm_row_576 = row_kernel(576)
 SIGNATURES = {
     "rmsnorm_kernel": [f"void({_ARGS})"],
-    "add_rmsnorm_kernel": [f"void({_ADD_ARGS})"],
     "rmsnorm_row_2048": [f"void({_ARGS})"],
-    "add_rmsnorm_row_2048": [f"void({_ADD_ARGS})"],
     "rmsnorm_row_576": [f"void({_ARGS})"],
-    "add_rmsnorm_row_576": [f"void({_ADD_ARGS})"],
 }
 
 
@@ -169,19 +125,7 @@ def rmsnorm(x, weight, eps: float, out, stream=0) -> None:
     if rows == 0:
         return
     if hidden <= ROW_IN_REGISTERS_MAX:
-        kernel = row_kernels(hidden)[0]
+        kernel = row_kernel(hidden)
         kernel[rows, threads(row_threads(hidden)), stream](x, weight, float(eps), out)
     else:
         rmsnorm_kernel[rows, threads(MAX_THREADS), stream](x, weight, float(eps), out)
-
-
-def add_rmsnorm(x, residual, weight, eps: float, out, stream=0) -> None:
-    """residual += x (both [T, H] f32); out [T, H] bf16 = rmsnorm(residual) * weight."""
-    rows, hidden = x.shape
-    if rows == 0:
-        return
-    if hidden <= ROW_IN_REGISTERS_MAX:
-        kernel = row_kernels(hidden)[1]
-        kernel[rows, threads(row_threads(hidden)), stream](x, residual, weight, float(eps), out)
-    else:
-        add_rmsnorm_kernel[rows, threads(MAX_THREADS), stream](x, residual, weight, float(eps), out)
