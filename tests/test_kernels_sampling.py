@@ -10,7 +10,7 @@ from kernel_helpers import INT_POISON, fresh_rng, gpu_code_path, poisoned, synce
 from numba import cuda
 
 from gpu.backends.cuda.sampler import DeviceSampler
-from gpu.kernels import argmax
+from gpu.kernels import block_reduce
 from gpu.kernels.argmax import CHUNK, argmax_rows, argmax_scratch_size
 from gpu.kernels.sampling import PROMPT_BIT, penalty_counts
 from gpu.sampling import SamplingMetadata
@@ -142,7 +142,8 @@ def test_argmax_rows():
 
 
 def test_argmax_rows_gpu_code_path():
-    """The warp-shuffle reduction that runs on the GPU, shuffles emulated in the simulator."""
+    """block_reduce's warp-shuffle reduction that runs on the GPU, shuffles emulated in the
+    simulator."""
     rng, seed = fresh_rng()
-    with gpu_code_path(argmax):
+    with gpu_code_path(block_reduce):
         _check_argmax(_argmax_logits(rng)[[0, 1]], seed)

@@ -7,9 +7,10 @@ this instead:
 
 1. argmax_chunks_kernel, grid (rows, chunks): each block takes CHUNK consecutive logits of a
    row (PER_THREAD coalesced loads per thread, all in flight at once), keeps the first maximum
-   of each thread (strict >, indices increasing), reduces the block (warp shuffles on the GPU,
-   shared memory in the simulator) and writes the chunk's (max, first index) to scratch. At
-   batch 1 that is 126 blocks reading 4 KB each: the whole GPU, one memory round trip.
+   of each thread (strict >, indices increasing), reduces the block with
+   block_reduce.block_argmax (warp shuffles on the GPU, a shared-memory tree in the simulator)
+   and writes the chunk's (max, first index) to scratch. At batch 1 that is 126 blocks reading
+   4 KB each: the whole GPU, one memory round trip.
 2. argmax_final_kernel, one block per row: the same reduction over the row's chunk results.
 
 Ties go to the lowest index everywhere (as np.argmax), so the result is exactly np.argmax of
@@ -26,16 +27,16 @@ import math
 
 from numba import cuda, float32, int32
 
-from gpu.kernels.block_reduce import block_argmax
-from gpu.kernels.launch import MAX_THREADS, SIMULATOR, cdiv, device_function, threads
+from gpu.kernels.block_reduce import better, block_argmax
+from gpu.kernels.launch import MAX_THREADS, cdiv, threads
 
 NEG_INF = float32(-math.inf)
-FULL_MASK = 0xFFFFFFFF
 PER_THREAD = 4  # logits per thread in stage 1
 CHUNK_THREADS = threads(256)
 CHUNK = CHUNK_THREADS * PER_THREAD  # logits per stage-1 block
 FINAL_THREADS = threads(128)
-WARPS = MAX_THREADS // 32
+# block_argmax's scratch: a slot per warp on the GPU, per thread in the simulator (32 there).
+SLOTS = MAX_THREADS // 32
 
 SIGNATURES = {
     "argmax_chunks_kernel": ["void(float32[:, ::1], float32[::1], int32[::1])"],
@@ -43,51 +44,10 @@ SIGNATURES = {
 }
 
 
-@device_function
-def better(v, i, w, j):
-    """Whether the pair (w, j) beats (v, i): a larger value, or the same value at a smaller
-    index; index -1 means "nothing" and loses to any real pair."""
-    return j >= 0 and (i < 0 or w > v or (w == v and j < i))
-
-
-@device_function
-def warp_argmax(value, index):
-    """The best (value, index) pair of the warp, in every lane (xor butterfly, no barrier)."""
-    for k in range(5):
-        w = cuda.shfl_xor_sync(FULL_MASK, value, 16 >> k)
-        j = cuda.shfl_xor_sync(FULL_MASK, index, 16 >> k)
-        if better(value, index, w, j):
-            value = w
-            index = j
-    return value, index
-
-
-@device_function
-def block_argmax_fast(vbuf, ibuf, value, index):
-    """block_reduce.block_argmax with warp shuffles on the GPU: two butterflies and one barrier
-    instead of log2(blockDim) barriers (vbuf / ibuf: >= 32 slots; the simulator, which has no
-    shuffles, takes block_argmax and needs blockDim.x slots)."""
-    if SIMULATOR:
-        return block_argmax(vbuf, ibuf, value, index)
-    tid = cuda.threadIdx.x
-    lane = tid % 32
-    value, index = warp_argmax(value, index)
-    if lane == 0:
-        vbuf[tid // 32] = value
-        ibuf[tid // 32] = index
-    cuda.syncthreads()
-    value = NEG_INF
-    index = int32(-1)
-    if lane < cuda.blockDim.x // 32:
-        value = vbuf[lane]
-        index = ibuf[lane]
-    return warp_argmax(value, index)
-
-
 @cuda.jit(cache=True)
 def argmax_chunks_kernel(logits, scratch_val, scratch_idx):
-    vbuf = cuda.shared.array(WARPS, float32)
-    ibuf = cuda.shared.array(WARPS, int32)
+    vbuf = cuda.shared.array(SLOTS, float32)
+    ibuf = cuda.shared.array(SLOTS, int32)
     row = cuda.blockIdx.x
     chunk = cuda.blockIdx.y
     num_chunks = cuda.gridDim.y
@@ -106,7 +66,7 @@ def argmax_chunks_kernel(logits, scratch_val, scratch_idx):
         if v < vocab and (best_i < 0 or xs[k] > best):
             best = xs[k]
             best_i = int32(v)
-    best, best_i = block_argmax_fast(vbuf, ibuf, best, best_i)
+    best, best_i = block_argmax(vbuf, ibuf, best, best_i)
     if tid == 0:
         scratch_val[row * num_chunks + chunk] = best
         scratch_idx[row * num_chunks + chunk] = best_i
@@ -114,8 +74,8 @@ def argmax_chunks_kernel(logits, scratch_val, scratch_idx):
 
 @cuda.jit(cache=True)
 def argmax_final_kernel(scratch_val, scratch_idx, num_chunks, out):
-    vbuf = cuda.shared.array(WARPS, float32)
-    ibuf = cuda.shared.array(WARPS, int32)
+    vbuf = cuda.shared.array(SLOTS, float32)
+    ibuf = cuda.shared.array(SLOTS, int32)
     row = cuda.blockIdx.x
     tid = cuda.threadIdx.x
     best = NEG_INF
@@ -126,7 +86,7 @@ def argmax_final_kernel(scratch_val, scratch_idx, num_chunks, out):
         if better(best, best_i, x, i):
             best = x
             best_i = i
-    best, best_i = block_argmax_fast(vbuf, ibuf, best, best_i)
+    best, best_i = block_argmax(vbuf, ibuf, best, best_i)
     if tid == 0:
         out[row] = best_i
 
