@@ -1,6 +1,7 @@
 """A few steps of a small model on the cuda backend, to run under compute-sanitizer memcheck:
-a chunked prefill of three sequences (mixed with decodes), then decode steps at batch 3 and 1
-(split-KV), with penalties and bans in the sampler. Prints the tokens."""
+a chunked prefill of three sequences (mixed with decodes: the composed ops over cuBLAS), then
+decode steps at batch 3 and 1 (gemv.py's fused kernels, split-KV attention), with penalties and
+bans in the sampler. Prints the tokens."""
 
 from __future__ import annotations
 

@@ -33,9 +33,19 @@ def kernel_lines(k: dict) -> list[tuple[str, str]]:
             lines.append((f"  {key}", f"{v:.2e}" if isinstance(v, float) else str(v)))
         else:
             lines.append((f"  {key}", str(value)))
+    fused = k.get("fused_ops_vs_numpy", {})
+    for key, value in fused.items() if ok(fused) else ():
+        if ok(value):  # the worst of the case's ops
+            errs = {op: e for op, e in value.items() if isinstance(e, dict)}
+            op = max(errs, key=lambda o: (errs[o]["nan"] > 0, errs[o]["l2_rel"]))
+            nans = sum(e["nan"] for e in errs.values())
+            text = f"{errs[op]['l2_rel']:.2e} ({op}, {value.get('path')} path)"
+            text += f", {nans} NaN" if nans else ""
+            lines.append((f"  fused ops vs cpu, {key}, worst l2 rel", text))
     for b, t in k.get("decode_kernel_times_us", {}).items():
         if ok(t):
-            lines.append((f"decode step, sum of GPU times, {b}", f"{t.get('step_sum_us')} us"))
+            text = f"{t.get('step_sum_us')} us ({t.get('path')} path)"
+            lines.append((f"decode step, sum of GPU times, {b}", text))
     for key, value in k.items():
         if isinstance(value, dict) and "error" in value:
             lines.append((key, "ERROR " + value["error"][:80]))
