@@ -67,6 +67,7 @@ PAIRED = ("silu", "rope")  # epilogues that combine two rows of w per output pai
 # Device tuning (tests/device/bench_gemv.py sweeps them): output rows per block, threads.
 ROWS = int(os.environ.get("TINYCHAT_GEMV_ROWS", "4"))
 NTHREADS = int(os.environ.get("TINYCHAT_GEMV_THREADS", "256"))
+TALL_ROWS = 65536
 
 
 @device_function
@@ -290,7 +291,9 @@ def gemv_kernel(
 def plan(n_rows: int, max_tokens: int, epilogue: str) -> tuple[int, int, int]:
     """(weight rows per block, threads per block, blocks) for a w of n_rows rows."""
     nthreads = threads(NTHREADS)
-    rows = ROWS
+    # A very tall matrix (the LM head) takes more rows a block: fewer blocks, so fewer
+    # recomputations of the norm prologue (each reads the residual rows from L2).
+    rows = ROWS * 4 if n_rows >= TALL_ROWS else ROWS
     while rows * max_tokens > nthreads:
         rows //= 2
     if epilogue in PAIRED:  # a block's rows are rows/2 pairs

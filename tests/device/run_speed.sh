@@ -4,6 +4,7 @@
 # `tinychat bench` on the SmolLM2-135M and Llama-3.2-1B configs (random bf16 weights), with
 # transformers beside it when COMPARE=hf. Writes under $OUT: speed.log, bench_*.json and the
 # microbenchmarks' JSON; prints the bench tables last. Each part has its own time limit.
+# Knobs: MICRO (which microbenchmarks), WORKLOADS, REQUESTS, COMPARE, SKIP_EAGER, T_* limits.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/tinychat-device-out}
@@ -13,10 +14,11 @@ cd "$(dirname "$0")/../.."
 BENCH="python3 -m chat_app.cli bench --device cuda"
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  echo "== graph replay vs eager (pytest)"
-  timeout "${T_GRAPHS:-120}" python3 -m pytest -q -p no:cacheprovider tests/test_cuda_graphs.py \
-    tests/test_kernels_cuda_backend.py 2>&1 | tail -15
-  for micro in bench_kernels bench_prefill; do
+  echo "== graph replay vs eager, the decode kernels vs their twins (pytest, on the GPU)"
+  timeout "${T_GRAPHS:-240}" python3 -m pytest -q -p no:cacheprovider tests/test_cuda_graphs.py \
+    tests/test_kernels_cuda_backend.py tests/test_kernels_gemv.py tests/test_kernels_attention.py \
+    tests/test_kernels_elementwise.py 2>&1 | tail -15
+  for micro in ${MICRO:-bench_gemv bench_kernels bench_prefill}; do
     if [ -f "tests/device/$micro.py" ]; then
       echo "== $micro"
       timeout "${T_MICRO:-90}" python3 "tests/device/$micro.py" 2>&1 | tail -25
@@ -25,9 +27,11 @@ BENCH="python3 -m chat_app.cli bench --device cuda"
   echo "== bench smollm2-135m"
   timeout "${T_SMOL:-120}" $BENCH latency decode --config smollm2-135m \
     --json "$OUT/bench_smollm2.json" 2>&1 | tail -12
-  echo "== bench llama-3.2-1b, eager (latency only)"
-  timeout "${T_EAGER:-90}" $BENCH latency --config llama-3.2-1b --enforce-eager \
-    --json "$OUT/bench_llama_eager.json" 2>&1 | tail -6
+  if [ -z "${SKIP_EAGER:-}" ]; then
+    echo "== bench llama-3.2-1b, eager (latency only)"
+    timeout "${T_EAGER:-90}" $BENCH latency --config llama-3.2-1b --enforce-eager \
+      --json "$OUT/bench_llama_eager.json" 2>&1 | tail -6
+  fi
   echo "== bench llama-3.2-1b, graphs captured at start"
   timeout "${T_LLAMA:-330}" $BENCH ${WORKLOADS:-latency decode throughput chat} \
     --config llama-3.2-1b --capture-at-start --num-requests "${REQUESTS:-256}" \
