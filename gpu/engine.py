@@ -58,7 +58,7 @@ class LLMEngine:
         self.scheduler = Scheduler(
             self.block_manager, config.max_num_seqs, max_tokens, self.max_model_len
         )
-        self.runner = ModelRunner(executor, config.block_size)
+        self.runner = ModelRunner(executor, config.block_size, self.block_manager.table_rows)
         self.requests: dict[str, Sequence] = {}
         self._ids = itertools.count()
         self._seed_rng = np.random.default_rng(config.seed)

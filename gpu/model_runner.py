@@ -2,8 +2,9 @@
 it, and samples.
 
 Everything here is host-side bookkeeping and must stay cheap: on the GPU a decode step of a
-small model takes well under a millisecond, so this Python is on the critical path. Decode rows
-(one token each, the common case) take a fast path with no numpy per sequence.
+small model takes well under a millisecond, so this Python is on the critical path. The batch is
+built with numpy over all sequences at once, from block tables the block manager already keeps as
+numpy rows; only what lives in each Sequence object is read in a Python loop.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
+from gpu.block_manager import BlockTableRows
 from gpu.forward_batch import ForwardBatch
 from gpu.sampling import SamplingMetadata
 from gpu.scheduler import SchedulerOutput
@@ -25,67 +27,72 @@ class Executor(Protocol):
 
 
 def build_forward_batch(
-    scheduled: list[tuple[Sequence, int]], block_size: int
+    sched: SchedulerOutput, block_size: int, table_rows: BlockTableRows
 ) -> tuple[ForwardBatch, list[Sequence]]:
     """Lay the step's tokens end to end and describe each sequence's slice of them.
 
     Returns the batch and the sequences that sample a token this step (those whose last token
     is computed in it), in the order of batch.logits_indices.
+
+    Only what must be read off each sequence (its computed length, its new token ids, its
+    block-table row) is gathered in Python; positions, slots, lengths and the padded block
+    table are then computed with numpy for the whole batch at once.
     """
+    scheduled = sched.scheduled
     num_seqs = len(scheduled)
-    input_ids: list[int] = []
-    positions: list[int] = []
-    slots: list[int] = []
-    query_start_loc = [0]
-    seq_lens: list[int] = []
-    logits_indices: list[int] = []
-    sampled: list[Sequence] = []
-    tables: list[list[int]] = []
-    max_query_len = max_seq_len = max_blocks = 0
-    num_tokens = 0
-    for seq, n in scheduled:
-        start = seq.num_computed_tokens
-        end = start + n
-        table = seq.block_table
-        tables.append(table)
-        if n == 1:  # decode: one token, no numpy
-            input_ids.append(seq.token_ids[start])
-            positions.append(start)
-            slots.append(table[start // block_size] * block_size + start % block_size)
-        else:
-            pos = np.arange(start, end, dtype=np.int64)
-            input_ids.extend(seq.token_ids[start:end])
-            positions.extend(range(start, end))
-            blocks = np.asarray(table)[pos // block_size]
-            slots.extend((blocks * block_size + pos % block_size).tolist())
-            if n > max_query_len:
-                max_query_len = n
-        num_tokens += n
-        query_start_loc.append(num_tokens)
-        seq_lens.append(end)
-        if end == len(seq.token_ids):  # the last known token is computed: sample the next
-            logits_indices.append(num_tokens - 1)
-            sampled.append(seq)
-        if end > max_seq_len:
-            max_seq_len = end
-        if len(table) > max_blocks:
-            max_blocks = len(table)
-    max_query_len = max(max_query_len, 1)
-    block_tables = np.zeros((num_seqs, max(max_blocks, 1)), dtype=np.int32)
-    for i, table in enumerate(tables):
-        block_tables[i, : len(table)] = table
+    seqs = [seq for seq, _ in scheduled]
+    starts = np.array([seq.num_computed_tokens for seq in seqs], dtype=np.int32)
+    rows = np.array([seq.table_row for seq in seqs], dtype=np.intp)
+    if sched.num_prefill_tokens == 0:
+        # All decodes, the steady state: each sequence computes its last token and samples the
+        # next, so token i is sequence i and the layout arrays are plain ranges.
+        num_tokens, max_query_len = num_seqs, 1
+        input_ids = np.array([seq.token_ids[-1] for seq in seqs], dtype=np.int32)
+        positions = starts
+        seq_lens = starts + 1
+        query_start_loc = np.arange(num_seqs + 1, dtype=np.int32)
+        logits_indices = query_start_loc[:-1]
+        token_rows = logits_indices
+        sampled = seqs
+    else:
+        ids: list[int] = []
+        sampled = []
+        sampled_rows = []
+        for i, (seq, n) in enumerate(scheduled):
+            start = seq.num_computed_tokens
+            ids.extend(seq.token_ids[start : start + n])
+            if start + n == len(seq.token_ids):  # the last known token is computed: sample
+                sampled.append(seq)
+                sampled_rows.append(i)
+        input_ids = np.array(ids, dtype=np.int32)
+        num_tokens = len(ids)
+        query_lens = np.array([n for _, n in scheduled], dtype=np.int32)
+        max_query_len = int(query_lens.max())
+        seq_lens = starts + query_lens
+        query_start_loc = np.zeros(num_seqs + 1, dtype=np.int32)
+        np.cumsum(query_lens, out=query_start_loc[1:])
+        logits_indices = query_start_loc[1:][sampled_rows] - 1
+        token_rows = np.repeat(np.arange(num_seqs, dtype=np.int32), query_lens)
+        # Token j of the step belongs to sequence b = token_rows[j], at position
+        # starts[b] + (j - query_start_loc[b]).
+        offsets = starts - query_start_loc[:-1]
+        positions = np.arange(num_tokens, dtype=np.int32) + offsets[token_rows]
+    max_blocks = max(int(table_rows.lens[rows].max()), 1)
+    block_tables = table_rows.array[:, :max_blocks][rows]
+    block_index, offset = np.divmod(positions, np.int32(block_size))
+    slot_mapping = block_tables[token_rows, block_index] * np.int32(block_size) + offset
     batch = ForwardBatch(
         num_tokens=num_tokens,
         num_seqs=num_seqs,
-        input_ids=np.asarray(input_ids, dtype=np.int32),
-        positions=np.asarray(positions, dtype=np.int32),
-        slot_mapping=np.asarray(slots, dtype=np.int32),
-        query_start_loc=np.asarray(query_start_loc, dtype=np.int32),
-        seq_lens=np.asarray(seq_lens, dtype=np.int32),
+        input_ids=input_ids,
+        positions=positions,
+        slot_mapping=slot_mapping,
+        query_start_loc=query_start_loc,
+        seq_lens=seq_lens,
         block_tables=block_tables,
-        logits_indices=np.asarray(logits_indices, dtype=np.int32),
+        logits_indices=logits_indices,
         max_query_len=max_query_len,
-        max_seq_len=max_seq_len,
+        max_seq_len=int(seq_lens.max()),
     )
     return batch, sampled
 
@@ -129,12 +136,13 @@ def build_sampling_metadata(seqs: list[Sequence]) -> SamplingMetadata:
 class ModelRunner:
     """Prepares each step's inputs and hands them to the backend's executor."""
 
-    def __init__(self, executor: Executor, block_size: int) -> None:
+    def __init__(self, executor: Executor, block_size: int, table_rows: BlockTableRows) -> None:
         self.executor = executor
         self.block_size = block_size
+        self.table_rows = table_rows  # the block manager's: read, never written, here
 
     def run(self, sched: SchedulerOutput) -> tuple[list[Sequence], np.ndarray]:
-        batch, sampled = build_forward_batch(sched.scheduled, self.block_size)
+        batch, sampled = build_forward_batch(sched, self.block_size, self.table_rows)
         if not sampled:  # only prefill chunks that end mid-prompt: nothing to sample
             md = SamplingMetadata.greedy(0)
         else:

@@ -35,6 +35,7 @@ class Sequence:
         "num_computed_tokens",
         "num_cached_tokens",
         "block_table",
+        "table_row",
         "block_hashes",
         "seed",
         "detokenizer",
@@ -71,6 +72,7 @@ class Sequence:
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prompt tokens found in the prefix cache at admission
         self.block_table: list[int] = []
+        self.table_row = -1  # its row in the block manager's BlockTableRows (-1: holds none)
         self.block_hashes: list[int] = []  # chained hashes of the full blocks registered so far
         self.seed = seed
         self.detokenizer = detokenizer

@@ -1,0 +1,112 @@
+"""The runner's vectorised batch equals the plain per-sequence definition of a ForwardBatch, step
+after step, through chunked prefill, prefix-cache hits, preemption and aborts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from engine_helpers import ScriptedExecutor, scripted_engine
+
+from gpu import SamplingParams
+
+FIELDS = (
+    "input_ids",
+    "positions",
+    "slot_mapping",
+    "query_start_loc",
+    "seq_lens",
+    "block_tables",
+    "logits_indices",
+)
+
+
+def reference_batch(scheduled, block_size: int) -> dict:
+    """The definition, one sequence at a time: its new tokens laid end to end after the others."""
+    out: dict = {name: [] for name in FIELDS}
+    out["query_start_loc"] = [0]
+    num_tokens = 0
+    max_blocks = max(max(len(seq.block_table) for seq, _ in scheduled), 1)
+    for seq, n in scheduled:
+        start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+        for pos in range(start, end):
+            out["input_ids"].append(seq.token_ids[pos])
+            out["positions"].append(pos)
+            block = seq.block_table[pos // block_size]
+            out["slot_mapping"].append(block * block_size + pos % block_size)
+        num_tokens += n
+        out["query_start_loc"].append(num_tokens)
+        out["seq_lens"].append(end)
+        out["block_tables"].append(seq.block_table + [0] * (max_blocks - len(seq.block_table)))
+        if end == len(seq.token_ids):
+            out["logits_indices"].append(num_tokens - 1)
+    ns = [n for _, n in scheduled]
+    out["max_query_len"] = max(ns)
+    out["max_seq_len"] = max(out["seq_lens"])
+    out["num_tokens"] = num_tokens
+    return out
+
+
+class CheckingExecutor(ScriptedExecutor):
+    """Compares every batch with reference_batch(the step's schedule) before sampling."""
+
+    def __init__(self, script, engine_ref) -> None:
+        super().__init__(script)
+        self.engine_ref = engine_ref
+        self.checked = 0
+
+    def execute(self, batch, metadata):
+        engine = self.engine_ref[0]
+        expected = reference_batch(engine.last_schedule.scheduled, engine.block_size)
+        for name in FIELDS:
+            got = getattr(batch, name)
+            assert got.dtype == np.int32, name
+            np.testing.assert_array_equal(got, np.array(expected[name], np.int32), err_msg=name)
+        assert batch.block_tables.flags.c_contiguous
+        for name in ("max_query_len", "max_seq_len", "num_tokens"):
+            assert getattr(batch, name) == expected[name], name
+            assert type(getattr(batch, name)) is int, name
+        self.checked += 1
+        return super().execute(batch, metadata)
+
+
+def script(seed: int, step: int) -> int:
+    return (seed * 31 + step * 7) % 250
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_batches_match_the_per_sequence_definition(seed):
+    rng = np.random.default_rng(seed)
+    engine_ref: list = []
+    executor = CheckingExecutor(script, engine_ref)
+    engine = scripted_engine(
+        executor=executor,
+        num_kv_blocks=int(rng.integers(10, 40)),
+        max_num_seqs=int(rng.integers(2, 9)),
+        max_num_batched_tokens=int(rng.integers(5, 70)),
+        block_size=4,
+    )
+    engine_ref.append(engine)
+    schedule = engine.scheduler.schedule
+
+    def recording_schedule():
+        engine.last_schedule = schedule()
+        return engine.last_schedule
+
+    engine.scheduler.schedule = recording_schedule
+    shared = [int(t) for t in rng.integers(0, 250, 24)]
+    ids = []
+    for step in range(300):
+        if rng.random() < 0.3:
+            prompt = shared[: int(rng.integers(0, 24))] + [int(t) for t in rng.integers(0, 250, 9)]
+            params = SamplingParams(
+                temperature=1.0, seed=step, max_tokens=int(rng.integers(1, 40)), ignore_eos=True
+            )
+            ids.append(engine.add_request(prompt, params))
+        if ids and rng.random() < 0.03:
+            engine.abort_request(ids[int(rng.integers(0, len(ids)))])
+        engine.step()
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert executor.checked > 100
+    assert engine.stats().prefix_cache_hits > 0
+    assert engine.block_manager.num_used_blocks == 0
