@@ -14,10 +14,14 @@ from gpu.outputs import CompletionOutput, RequestOutput
 from gpu.sampling_params import RequestOutputKind
 from gpu.sequence import Sequence
 
+# Enum members looked up once: `RequestOutputKind.DELTA` is an attribute lookup on the enum
+# class each time, and make_output runs for every request at every step.
+_DELTA = RequestOutputKind.DELTA
+_FINAL_ONLY = RequestOutputKind.FINAL_ONLY
+
 
 def append_token(seq: Sequence, token: int, now: float) -> None:
     """Add one sampled token to seq and finish it if a stop condition holds."""
-    params = seq.params
     seq.output_token_ids.append(token)
     seq.token_ids.append(token)
     m = seq.metrics
@@ -25,17 +29,31 @@ def append_token(seq: Sequence, token: int, now: float) -> None:
         m.first_token_time = now
     m.last_token_time = now
     m.num_generated_tokens += 1
-    n_out = len(seq.output_token_ids)
+    if (
+        token in seq.finishing_token_ids
+        or seq.stop_strings
+        or len(seq.token_ids) >= seq.length_limit
+    ):
+        _check_stop_conditions(seq, token)
+    elif seq.detokenizer is not None:
+        # The common token, not worth the full check: it is no EOS or stop id, the request has
+        # no stop strings and is short of its length limit, so it cannot end here.
+        seq.output_text += seq.detokenizer.add(token)
 
+
+def _check_stop_conditions(seq: Sequence, token: int) -> None:
+    """Every stop condition, in order: EOS, stop token, stop string, length."""
+    params = seq.params
+    n_out = len(seq.output_token_ids)
     if n_out >= params.min_tokens:
         if not params.ignore_eos and token in seq.eos_token_ids:
             seq.finish_reason = "stop"
         elif token in params.all_stop_token_ids:
             seq.finish_reason, seq.stop_reason = "stop", token
-    if seq.finish_reason is None and params.detokenize and seq.detokenizer is not None:
+    if seq.finish_reason is None and seq.detokenizer is not None:
         before = len(seq.output_text)
         seq.output_text += seq.detokenizer.add(token)
-        if params.stop_strings and n_out >= params.min_tokens:
+        if seq.stop_strings and n_out >= params.min_tokens:
             _check_stop_strings(seq, before)
     if seq.finish_reason is None:
         if params.max_tokens is not None and n_out >= params.max_tokens:
@@ -63,32 +81,32 @@ def _check_stop_strings(seq: Sequence, new_from: int) -> None:
 
 def visible_text_end(seq: Sequence) -> int:
     """How much of output_text may be shown now (all of it once the request is done)."""
-    if seq.finish_reason is not None or not seq.params.stop_strings:
+    if seq.finish_reason is not None or not seq.stop_strings:
         return len(seq.output_text)
-    hold = max(len(s) for s in seq.params.stop_strings) - 1
+    hold = max(len(s) for s in seq.stop_strings) - 1
     return max(seq.num_text_sent, len(seq.output_text) - hold)
 
 
 def make_output(seq: Sequence, finished: bool) -> RequestOutput | None:
     """The RequestOutput to deliver for seq now, per its output kind (None: nothing to say)."""
     kind = seq.params.output_kind
-    if kind is RequestOutputKind.FINAL_ONLY and not finished:
+    if kind is _FINAL_ONLY and not finished:
         return None
-    end = visible_text_end(seq) if seq.params.stop_strings else len(seq.output_text)
-    if kind is RequestOutputKind.DELTA:
-        text = seq.output_text[seq.num_text_sent : end]
+    output_text = seq.output_text
+    end = visible_text_end(seq) if seq.stop_strings else len(output_text)
+    if kind is _DELTA:
+        text = output_text[seq.num_text_sent : end]
         token_ids = seq.output_token_ids[seq.num_tokens_sent :]
         if not text and not token_ids and not finished:
             return None
     else:
-        text = seq.output_text[:end]
-        token_ids = list(seq.output_token_ids)
+        text = output_text[:end]
+        token_ids = seq.output_token_ids.copy()
     seq.num_text_sent = end
     seq.num_tokens_sent = len(seq.output_token_ids)
-    metrics = seq.metrics
     if finished:
-        metrics.finished_time = time.monotonic()
-        metrics.num_cached_tokens = seq.num_cached_tokens
+        seq.metrics.finished_time = time.monotonic()
+        seq.metrics.num_cached_tokens = seq.num_cached_tokens
         completion = CompletionOutput(0, text, token_ids, seq.finish_reason, seq.stop_reason)
     else:
         completion = CompletionOutput(0, text, token_ids)
@@ -98,7 +116,7 @@ def make_output(seq: Sequence, finished: bool) -> RequestOutput | None:
         seq.prompt_token_ids,
         [completion],
         finished,
-        metrics,
+        seq.metrics,
         seq.error,
         seq.num_cached_tokens,
     )

@@ -1,12 +1,16 @@
 """What the engine hands back: vLLM's `RequestOutput` / `CompletionOutput`, plus the metrics a
-chat UI shows (time to first token, inter-token latency, tokens per second)."""
+chat UI shows (time to first token, inter-token latency, tokens per second).
+
+The engine makes a RequestOutput and a CompletionOutput per running request every step, so they
+are slotted dataclasses: cheaper to build, and a mistyped attribute is an error.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestMetrics:
     """Wall-clock times (time.monotonic seconds) of one request's life."""
 
@@ -39,7 +43,7 @@ class RequestMetrics:
         return None if not itl else 1.0 / itl
 
 
-@dataclass
+@dataclass(slots=True)
 class CompletionOutput:
     index: int
     text: str
@@ -48,7 +52,7 @@ class CompletionOutput:
     stop_reason: int | str | None = None  # the stop string or token id that ended it
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestOutput:
     request_id: str
     prompt: str | None

@@ -48,6 +48,9 @@ class Sequence:
         "metrics",
         "eos_token_ids",
         "max_model_len",
+        "finishing_token_ids",
+        "length_limit",
+        "stop_strings",
     )
 
     def __init__(
@@ -75,7 +78,7 @@ class Sequence:
         self.table_row = -1  # its row in the block manager's BlockTableRows (-1: holds none)
         self.block_hashes: list[int] = []  # chained hashes of the full blocks registered so far
         self.seed = seed
-        self.detokenizer = detokenizer
+        self.detokenizer = detokenizer if params.detokenize else None
         self.output_text = ""
         self.num_text_sent = 0  # characters of output_text already streamed
         self.num_tokens_sent = 0  # output tokens already streamed
@@ -87,6 +90,17 @@ class Sequence:
         )
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
+        # Stop conditions, derived once from params so that the per-token check of a decode
+        # step is three cheap tests (see output_processor.append_token): the token ids that may
+        # end the request, the total length at which it ends, and its stop strings.
+        self.finishing_token_ids = frozenset(params.all_stop_token_ids) | (
+            frozenset() if params.ignore_eos else eos_token_ids
+        )
+        limit = max_model_len
+        if params.max_tokens is not None:
+            limit = min(limit, len(prompt_token_ids) + params.max_tokens)
+        self.length_limit = limit
+        self.stop_strings = params.stop_strings
 
     @property
     def num_tokens(self) -> int:

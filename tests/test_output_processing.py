@@ -97,6 +97,59 @@ def test_cumulative_outputs_grow():
     assert all(texts[-1].startswith(t) for t in texts)
 
 
+TOKENS = [97, EOS_ID, 98, 10, 99, EOS_ID, 100, 101, 102, 103]  # a, EOS, b, "\n", c, EOS, d...
+
+
+def token_script(seed: int, step: int) -> int:
+    return TOKENS[step % len(TOKENS)]
+
+
+def finish(context: int = 64, **kw) -> tuple[list[int], str | None, object]:
+    """Generate from token_script; the token ids, finish reason and stop reason."""
+    engine = scripted_engine(token_script, num_kv_blocks=context, block_size=1)
+    kw.setdefault("max_tokens", 20)
+    out = LLM(engine=engine).generate([[1, 2]], params(0, **kw))[0].outputs[0]
+    return out.token_ids, out.finish_reason, out.stop_reason
+
+
+@pytest.mark.parametrize(
+    "kw, tokens, reason, stop_reason",
+    [
+        ({}, TOKENS[:2], "stop", None),  # EOS
+        ({"min_tokens": 3}, TOKENS[:6], "stop", None),  # the first EOS is too early
+        ({"ignore_eos": True, "max_tokens": 8}, TOKENS[:8], "length", None),
+        ({"ignore_eos": True, "stop_token_ids": [10]}, TOKENS[:4], "stop", 10),
+        (
+            {"ignore_eos": True, "stop_token_ids": [10], "min_tokens": 5},
+            (TOKENS * 2)[:14],
+            "stop",
+            10,
+        ),
+        ({"stop_token_ids": [EOS_ID]}, TOKENS[:2], "stop", None),  # EOS wins over stop id
+        ({"ignore_eos": True, "max_tokens": None, "context": 9}, TOKENS[:7], "length", None),
+    ],
+)
+def test_each_stop_condition_ends_at_the_right_token(kw, tokens, reason, stop_reason):
+    assert finish(**kw) == (tokens, reason, stop_reason)
+
+
+@pytest.mark.parametrize("kind", list(RequestOutputKind))
+def test_output_kinds_carry_the_same_reply(kind):
+    engine = scripted_engine(script)
+    engine.add_request([1], params(3, max_tokens=30, stop="two", output_kind=kind))
+    outs = []
+    while engine.has_unfinished_requests():
+        outs += engine.step()
+    assert outs[-1].finished and all(not o.finished for o in outs[:-1])
+    if kind is RequestOutputKind.DELTA:
+        text = "".join(o.outputs[0].text for o in outs)
+        token_ids = [t for o in outs for t in o.outputs[0].token_ids]
+    else:
+        text, token_ids = outs[-1].outputs[0].text, outs[-1].outputs[0].token_ids
+    assert len(outs) == (1 if kind is RequestOutputKind.FINAL_ONLY else len(token_ids))
+    assert text == "line one\nline " and bytes(token_ids) == b"line one\nline two"
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [
