@@ -151,7 +151,7 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if not sched.scheduled:
             return outputs
-        for seq, _ in sched.scheduled:
+        for seq in sched.admitted:  # only a newly admitted sequence can be scheduled first
             if seq.metrics.first_scheduled_time is None:
                 seq.metrics.first_scheduled_time = t0
         try:
@@ -159,9 +159,12 @@ class LLMEngine:
         except Exception as exc:  # fail this step's requests, keep the engine alive
             return outputs + self.fail_requests([s for s, _ in sched.scheduled], exc)
 
+        block_size = self.block_size
+        register_full_blocks = self.block_manager.register_full_blocks
         for seq, n in sched.scheduled:
             seq.num_computed_tokens += n
-            self.block_manager.register_full_blocks(seq)
+            if n > 1 or seq.num_computed_tokens % block_size == 0:  # a block may have filled
+                register_full_blocks(seq)
         now = time.monotonic()
         for seq, token in zip(sampled, tokens.tolist(), strict=True):
             append_token(seq, token, now)

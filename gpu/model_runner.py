@@ -9,6 +9,8 @@ numpy rows; only what lives in each Sequence object is read in a Python loop.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from typing import Protocol
 
 import numpy as np
@@ -97,14 +99,24 @@ def build_forward_batch(
     return batch, sampled
 
 
+@functools.lru_cache(maxsize=64)
+def _greedy_metadata(num_rows: int) -> SamplingMetadata:
+    """SamplingMetadata.greedy(num_rows), built once per row count: its nine arrays cost more
+    than the rest of a one-sequence step's preparation. Read-only, since steps share it."""
+    md = SamplingMetadata.greedy(num_rows)
+    for f in dataclasses.fields(md):
+        value = getattr(md, f.name)
+        if isinstance(value, np.ndarray):
+            value.flags.writeable = False
+    return md
+
+
 def build_sampling_metadata(seqs: list[Sequence]) -> SamplingMetadata:
     """Per-row sampling parameters; token history only when some row has a penalty."""
     n = len(seqs)
+    if all(len(s.output_token_ids) >= s.argmax_from for s in seqs):
+        return _greedy_metadata(n)
     params = [s.params for s in seqs]
-    if all(p.greedy and not p.has_penalties for p in params) and all(
-        s.num_output_tokens >= s.params.min_tokens for s in seqs
-    ):
-        return SamplingMetadata.greedy(n)
     md = SamplingMetadata(
         temperature=np.array([0.0 if p.greedy else p.temperature for p in params], np.float32),
         top_k=np.array([p.top_k for p in params], np.int32),

@@ -30,6 +30,7 @@ class SchedulerOutput:
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
     preempted: list[Sequence] = field(default_factory=list)
+    admitted: list[Sequence] = field(default_factory=list)  # taken from the waiting queue
 
     @property
     def num_tokens(self) -> int:
@@ -62,40 +63,46 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        scheduled = out.scheduled
         budget = self.max_num_batched_tokens
         bm = self.block_manager
         bs = bm.block_size
         running = SequenceStatus.RUNNING
 
-        # 1. decodes, then 2. prefill chunks of admitted sequences, oldest first.
-        decodes, prefills = [], []
-        for seq in self.running:
-            if len(seq.token_ids) - seq.num_computed_tokens == 1:
-                decodes.append(seq)
-            else:
+        # 1. decodes, one token each, in one pass over the running sequences (the hot loop of
+        # a decode step: most steps are only this). Sequences still prefilling are set aside.
+        prefills = []
+        for seq in list(self.running):  # a copy: a preemption removes from self.running
+            if budget == 0:
+                break
+            if seq.status is not running:  # preempted earlier in this step
+                continue
+            if len(seq.token_ids) - seq.num_computed_tokens != 1:
                 prefills.append(seq)
-        for group, decoding in ((decodes, True), (prefills, False)):
-            for seq in group:
-                if budget == 0:
-                    break
-                if seq.status is not running:  # preempted earlier in this step
+                continue
+            if seq.num_computed_tokens >= len(seq.block_table) * bs:  # its blocks are full
+                budget += self._allocate_or_preempt(seq, 1, out)
+                if seq.status is not running:
                     continue
-                remaining = len(seq.token_ids) - seq.num_computed_tokens
-                n = remaining if remaining < budget else budget
-                if seq.num_computed_tokens + n > len(seq.block_table) * bs:  # needs blocks
-                    while not bm.allocate(seq, n):
-                        victim = self.running[-1]
-                        budget += self._preempt(victim, out)
-                        if victim is seq:
-                            break
-                    if seq.status is not running:
-                        continue
-                out.scheduled.append((seq, n))
-                budget -= n
-                if decoding:
-                    out.num_decode_tokens += n
-                else:
-                    out.num_prefill_tokens += n
+            scheduled.append((seq, 1))
+            budget -= 1
+        out.num_decode_tokens = len(scheduled)  # so far, every scheduled entry is a decode
+
+        # 2. prefill chunks of admitted sequences, oldest first.
+        for seq in prefills:
+            if budget == 0:
+                break
+            if seq.status is not running:
+                continue
+            remaining = len(seq.token_ids) - seq.num_computed_tokens
+            n = remaining if remaining < budget else budget
+            if seq.num_computed_tokens + n > len(seq.block_table) * bs:  # needs blocks
+                budget += self._allocate_or_preempt(seq, n, out)
+                if seq.status is not running:
+                    continue
+            scheduled.append((seq, n))
+            budget -= n
+            out.num_prefill_tokens += n
 
         # 3. admit waiting requests while there is budget, room and memory (not after a
         # preemption: memory is short, let the running ones finish first).
@@ -110,13 +117,26 @@ class Scheduler:
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            out.scheduled.append((seq, n))
+            out.admitted.append(seq)
+            scheduled.append((seq, n))
             budget -= n
             if seq.num_tokens - seq.num_computed_tokens == 1:
                 out.num_decode_tokens += n
             else:
                 out.num_prefill_tokens += n
         return out
+
+    def _allocate_or_preempt(self, seq: Sequence, n: int, out: SchedulerOutput) -> int:
+        """Give seq blocks for n more tokens, preempting the newest sequences until they fit
+        (seq itself last: then it is preempted too). Returns the budget the preempted give back.
+        """
+        reclaimed = 0
+        while not self.block_manager.allocate(seq, n):
+            victim = self.running[-1]
+            reclaimed += self._preempt(victim, out)
+            if victim is seq:
+                break
+        return reclaimed
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> int:
         """Recompute-style preemption: drop seq's KV and queue it first among the waiting.

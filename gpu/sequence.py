@@ -9,6 +9,8 @@ from typing import Any
 from gpu.outputs import RequestMetrics
 from gpu.sampling_params import SamplingParams
 
+_NEVER = 1 << 62  # an output length no request reaches
+
 
 class SequenceStatus(enum.Enum):
     WAITING = enum.auto()  # not admitted yet, or preempted and waiting to be recomputed
@@ -51,6 +53,7 @@ class Sequence:
         "finishing_token_ids",
         "length_limit",
         "stop_strings",
+        "argmax_from",
     )
 
     def __init__(
@@ -101,6 +104,10 @@ class Sequence:
             limit = min(limit, len(prompt_token_ids) + params.max_tokens)
         self.length_limit = limit
         self.stop_strings = params.stop_strings
+        # From this many output tokens on, its next token is a plain argmax (greedy, no
+        # penalties, no banned ids): a step where every row is so skips the sampling arrays.
+        plain = params.greedy and not params.has_penalties
+        self.argmax_from = params.min_tokens if plain else _NEVER
 
     @property
     def num_tokens(self) -> int:
