@@ -41,6 +41,13 @@ from gpu.kernels.attention_decode import (
 from gpu.kernels.bf16 import from_bf16_bits
 
 
+def _scaled(seq_lens, head_dim):
+    """The cases are written for the simulator's tiles (32-thread blocks); a GPU block's tile
+    holds 4x the tokens, so there the contexts are scaled by 4 to split the same way."""
+    sim_tile = 32 // (head_dim // attention_decode.DIMS) * attention_decode.UNROLL
+    return [n * (tile_tokens(head_dim) // sim_tile) for n in seq_lens]
+
+
 def _run_decode(
     seq_lens, num_heads, num_kv_heads, head_dim, block_size, num_splits, launches: int = 1
 ):
@@ -50,6 +57,7 @@ def _run_decode(
     partials against the contract. Returns (m, l) of the partials, [seq, head, split] (NaN where
     nothing was written), and the busy splits of each sequence."""
     rng, seed = fresh_rng()
+    seq_lens = _scaled(seq_lens, head_dim)
     pad = [i for i, n in enumerate(seq_lens) if n == 0]
     case = paged_case(
         rng, [max(n, 1) for n in seq_lens], [1] * len(seq_lens), num_heads, num_kv_heads,
@@ -117,7 +125,8 @@ def test_decode_attention(seq_lens, num_heads, num_kv_heads, head_dim, block_siz
 def test_decode_more_splits_than_tiles():
     """Eight splits of 20- and 3-token contexts: most splits are empty and write nothing; the
     3-token sequence has one busy split, which writes the output itself."""
-    assert tile_tokens(64) < 20 <= 2 * tile_tokens(64)  # the 20-token context: two tiles
+    twenty = _scaled([20], 64)[0]
+    assert tile_tokens(64) < twenty <= 2 * tile_tokens(64)  # the 20-token context: two tiles
     m, _, busy = _run_decode([20, 3], 8, 2, 64, 16, 8)
     assert busy == [2, 1]
     assert np.isfinite(m[0, :, :2]).all() and np.isnan(m[0, :, 2:]).all()

@@ -48,10 +48,16 @@ def _logits(engine) -> np.ndarray:
     return recorder.model.backend.to_host(recorder.model.logits[: recorder.rows])
 
 
-# A budget of 8 tokens keeps every step on the decode GEMV (gpu/kernels/gemv.py); 16 sends the
-# prefill steps to the composed ops and the (simulated) cuBLAS path.
-@pytest.mark.parametrize(("gqa", "budget"), [(2, 8), (3, 8), (2, 16)])
-def test_engine_steps_match_the_cpu_backend(gqa, budget):
+# Steps of one token run gpu/kernels/gemv.py's fused kernels; larger ones the composed ops
+# over the (simulated) cuBLAS path. Three prompts: chunked prefill mixed with decodes of 2-3
+# sequences, then single-sequence decode steps as they finish; one prompt: every decode step
+# is a single token.
+PROMPTS = [[5, 17, 33, 2, 9, 41, 7], [11, 3], [60, 61, 62, 63, 64]]
+
+
+@pytest.mark.parametrize(("gqa", "budget", "prompts"), [(2, 8, PROMPTS), (3, 16, PROMPTS),
+                                                        (2, 8, PROMPTS[:1])])  # fmt: skip
+def test_engine_steps_match_the_cpu_backend(gqa, budget, prompts):
     config = tiny_config(
         num_hidden_layers=1, num_attention_heads=2 * gqa, num_key_value_heads=2, head_dim=16,
         hidden_size=48, intermediate_size=64, vocab_size=96,
@@ -59,7 +65,6 @@ def test_engine_steps_match_the_cpu_backend(gqa, budget):
     cpu, gpu = _engines(
         config, block_size=4, num_kv_blocks=24, max_num_batched_tokens=budget, max_num_seqs=3
     )
-    prompts = [[5, 17, 33, 2, 9, 41, 7], [11, 3], [60, 61, 62, 63, 64]]
     for engine in (cpu, gpu):
         engine.runner.executor = RecordRows(engine.runner.executor)
         for p in prompts:

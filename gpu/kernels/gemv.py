@@ -38,9 +38,13 @@ Shape of the work:
   q or k head; two neighbouring dimensions of v), rotates them with the position's cos/sin, and
   writes q to qkv and k, v to the cache at slot_mapping, as rope_kv.py does after cuBLAS.
 
-The backend uses it for steps of at most MAX_TOKENS tokens (decode of a few sequences) and cuBLAS
-above, where tensor cores win. Prediction, not yet measured on the device: 3.5-4 TB/s of weights
-for Llama-3.2-1B's matrices at T = 1, and 5 launches a layer instead of 10.
+Measured on the H200 at one token (tests/device/bench_gemv.py, cold weights): Llama-3.2-1B's
+qkv 9.1 us (cuBLAS 9.5), o_proj 7.4 (9.2), gate_up 22.9 (21.4), down 13.3 (16.0), LM head
+123.6 (127.1; 4.25 TB/s). The small matrices are latency-bound, not bandwidth-bound (a kernel
+costs ~5 us however small), so the gain is mostly the launches fused away: a batch-1 step went
+from 1.67 to 1.39 ms. At 4-8 tokens the kernel loses to cuBLAS, so the backend sends it only
+single-token steps (DECODE_TOKENS). What would make it stream faster: persistent blocks that
+load the next rows while reducing the current ones, instead of ~3 waves of short blocks.
 
 numpy twins: CpuBackend.linear, rmsnorm_linear, linear_residual, rmsnorm_gate_up_silu and
 rmsnorm_qkv_rope (gpu/backends/cpu.py and ComposedOps in gpu/backends/base.py).
@@ -59,15 +63,21 @@ from numba import cuda, float32, uint64
 from gpu.kernels.bf16 import bf16_of_word, bf16_to_f32, f32_to_bf16
 from gpu.kernels.launch import SIMULATOR, cdiv, device_function, threads
 
-MAX_TOKENS = 8  # the largest step this kernel serves; cuBLAS above
+MAX_TOKENS = 8  # the largest step the kernel is built for
+# The largest step the backend sends here. Measured on the H200 (tests/device/bench_gemv.py):
+# at one token the kernel matches or beats cuBLAS on every Llama-3.2-1B matrix and saves the
+# launches it fuses; at 4 and 8 tokens the norm-prologue variants fall to 0.4-1 TB/s (qkv
+# 17.7 / 30.9 us against cuBLAS's 9.7; the LM head 458 / 989 us against 130), so steps of two
+# or more tokens take cuBLAS and the composed ops.
+DECODE_TOKENS = 1
 FULL_MASK = 0xFFFFFFFF
 PROLOGUES = ("none", "rmsnorm")
 EPILOGUES = ("store", "add", "silu", "rope")
 PAIRED = ("silu", "rope")  # epilogues that combine two rows of w per output pair
 # Device tuning (tests/device/bench_gemv.py sweeps them): output rows per block, threads.
-ROWS = int(os.environ.get("TINYCHAT_GEMV_ROWS", "4"))
+ROWS = int(os.environ.get("TINYCHAT_GEMV_ROWS", "0"))  # 0: chosen per matrix by plan()
 NTHREADS = int(os.environ.get("TINYCHAT_GEMV_THREADS", "256"))
-TALL_ROWS = 65536
+TALL_ROWS = 32768
 
 
 @device_function
@@ -288,12 +298,22 @@ def gemv_kernel(
     return cuda.jit(cache=True)(kernel)
 
 
-def plan(n_rows: int, max_tokens: int, epilogue: str) -> tuple[int, int, int]:
-    """(weight rows per block, threads per block, blocks) for a w of n_rows rows."""
-    nthreads = threads(NTHREADS)
-    # A very tall matrix (the LM head) takes more rows a block: fewer blocks, so fewer
-    # recomputations of the norm prologue (each reads the residual rows from L2).
-    rows = ROWS * 4 if n_rows >= TALL_ROWS else ROWS
+def plan(n_rows: int, k_words: int, max_tokens: int, norm: bool, epilogue: str):
+    """(weight rows per block, threads per block, blocks) for a w of n_rows rows.
+
+    From the H200 sweep at one token (tests/device/bench_gemv.py): 8 rows a block where the
+    block recomputes the norm (its cost shared by more rows: qkv 9.1 us against 10.3 at 4
+    rows, gate_up 22.9 against 28.4), 4 rows otherwise (o_proj 7.4, down 13.3; 8 rows was
+    slower), 16 rows for the LM head's 128k rows (123.7 us, 4.25 TB/s, against 174 at 4).
+    A short row (SmolLM2's 576) would leave half of 256 threads idle: 128 then.
+    """
+    nthreads = threads(NTHREADS if k_words >= NTHREADS else NTHREADS // 2)
+    if ROWS:
+        rows = ROWS
+    elif n_rows >= TALL_ROWS:
+        rows = 16
+    else:
+        rows = 8 if norm else 4
     while rows * max_tokens > nthreads:
         rows //= 2
     if epilogue in PAIRED:  # a block's rows are rows/2 pairs
@@ -308,8 +328,13 @@ def bucket(num_tokens: int) -> int:
 
 
 def supports(num_tokens: int, k: int) -> bool:
-    """Whether a step of num_tokens rows with K = k inputs takes this kernel."""
+    """Whether the kernel can run num_tokens rows with K = k inputs."""
     return 1 <= num_tokens <= MAX_TOKENS and k % 4 == 0
+
+
+def serves(num_tokens: int, k: int) -> bool:
+    """Whether the backend should send a step of num_tokens rows here (see DECODE_TOKENS)."""
+    return num_tokens <= DECODE_TOKENS and supports(num_tokens, k)
 
 
 class RopeArgs(NamedTuple):
@@ -359,7 +384,7 @@ def gemv(
     if (epilogue == "rope") != (rope is not None):
         raise ValueError("gemv: the rope epilogue, and only it, takes rope arguments")
     max_tokens = bucket(t)
-    rows, nthreads, blocks = plan(w.shape[0], max_tokens, epilogue)
+    rows, nthreads, blocks = plan(w.shape[0], k // 4, max_tokens, norm, epilogue)
     kernel = gemv_kernel(
         k // 4, max_tokens, rows, nthreads, "rmsnorm" if norm else "none", epilogue
     )
@@ -378,10 +403,10 @@ _ARGS = (
     " int32[::1], float32[:, ::1], float32[:, ::1], uint16[:, :, :, ::1], uint16[:, :, :, ::1],"
     " int32[::1], int64, int64"
 )
-gemv_qkv_llama32 = gemv_kernel(512, 1, ROWS, NTHREADS, "rmsnorm", "rope")
-gemv_gate_up_llama32 = gemv_kernel(512, 1, ROWS, NTHREADS, "rmsnorm", "silu")
-gemv_down_llama32 = gemv_kernel(2048, 8, ROWS, NTHREADS, "none", "add")
-gemv_lm_head_llama32 = gemv_kernel(512, 4, ROWS, NTHREADS, "rmsnorm", "store")
+gemv_qkv_llama32 = gemv_kernel(512, 1, 8, NTHREADS, "rmsnorm", "rope")
+gemv_gate_up_llama32 = gemv_kernel(512, 1, 8, NTHREADS, "rmsnorm", "silu")
+gemv_down_llama32 = gemv_kernel(2048, 1, 4, NTHREADS, "none", "add")
+gemv_lm_head_llama32 = gemv_kernel(512, 1, 16, NTHREADS, "rmsnorm", "store")
 SIGNATURES = {
     "gemv_qkv_llama32": [f"void({_ARGS.format(out='float32[:, ::1]')})"],
     "gemv_gate_up_llama32": [f"void({_ARGS.format(out='uint16[:, ::1]')})"],

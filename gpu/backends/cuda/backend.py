@@ -182,7 +182,7 @@ class CudaBackend(ComposedOps):
     # the ops around the product fused in; larger steps go to cuBLAS (tensor cores), with the
     # fused ops composed from the basic kernels (ComposedOps) or folded into cuBLAS (beta = 1).
     def linear(self, x: Any, w: Any, out: Any) -> None:
-        if gemv.supports(*x.shape):
+        if gemv.serves(*x.shape):
             gemv.gemv(x, w, out, stream=self.stream)
         else:
             self.gemm.linear(x, w, out)
@@ -191,7 +191,7 @@ class CudaBackend(ComposedOps):
     def rmsnorm_linear(
         self, residual: Any, norm_weight: Any, eps: float, w: Any, out: Any, normed: Any
     ) -> None:
-        if not gemv.supports(*residual.shape):
+        if not gemv.serves(*residual.shape):
             return super().rmsnorm_linear(residual, norm_weight, eps, w, out, normed)
         gemv.gemv(
             None, w, out, residual=residual, norm_weight=norm_weight, eps=eps, stream=self.stream
@@ -202,7 +202,7 @@ class CudaBackend(ComposedOps):
         self, residual, norm_weight, eps, w, qkv, normed, positions, cos, sin, k_cache, v_cache,
         slot_mapping, num_heads, num_kv_heads, head_dim,
     ) -> None:  # fmt: skip
-        if not gemv.supports(*residual.shape):
+        if not gemv.serves(*residual.shape):
             return super().rmsnorm_qkv_rope(
                 residual, norm_weight, eps, w, qkv, normed, positions, cos, sin, k_cache,
                 v_cache, slot_mapping, num_heads, num_kv_heads, head_dim,
@@ -217,7 +217,7 @@ class CudaBackend(ComposedOps):
         self.check("rmsnorm_qkv_rope")
 
     def linear_residual(self, x: Any, w: Any, residual: Any, scratch: Any) -> None:
-        if gemv.supports(*x.shape):
+        if gemv.serves(*x.shape):
             gemv.gemv(x, w, residual, epilogue="add", stream=self.stream)
         else:
             self.gemm.linear(x, w, residual, accumulate=True)
@@ -233,7 +233,7 @@ class CudaBackend(ComposedOps):
         normed: Any,
         gate_up: Any,
     ) -> None:
-        if not gemv.supports(*residual.shape):
+        if not gemv.serves(*residual.shape):
             return super().rmsnorm_gate_up_silu(residual, norm_weight, eps, w, out, normed, gate_up)
         gemv.gemv(
             None, w, out, epilogue="silu", residual=residual, norm_weight=norm_weight, eps=eps,
