@@ -149,7 +149,7 @@ class LLMEngine:
         outputs, self._pending = self._pending, []
         t0 = time.monotonic()
         sched = self.scheduler.schedule()
-        if not sched.scheduled:
+        if not sched.seqs:
             return outputs
         for seq in sched.admitted:  # only a newly admitted sequence can be scheduled first
             if seq.metrics.first_scheduled_time is None:
@@ -157,11 +157,11 @@ class LLMEngine:
         try:
             sampled, tokens = self.runner.run(sched)
         except Exception as exc:  # fail this step's requests, keep the engine alive
-            return outputs + self.fail_requests([s for s, _ in sched.scheduled], exc)
+            return outputs + self.fail_requests(list(sched.seqs), exc)
 
         block_size = self.block_size
         register_full_blocks = self.block_manager.register_full_blocks
-        for seq, n in sched.scheduled:
+        for seq, n in zip(sched.seqs, sched.num_new_tokens, strict=True):
             seq.num_computed_tokens += n
             if n > 1 or seq.num_computed_tokens % block_size == 0:  # a block may have filled
                 register_full_blocks(seq)
@@ -177,7 +177,7 @@ class LLMEngine:
                 outputs.append(out)
 
         self.last_step = StepStats(
-            batch_size=len(sched.scheduled),
+            batch_size=len(sched.seqs),
             num_prefill_tokens=sched.num_prefill_tokens,
             num_decode_tokens=sched.num_decode_tokens,
             step_time=now - t0,

@@ -40,9 +40,8 @@ def build_forward_batch(
     block-table row) is gathered in Python; positions, slots, lengths and the padded block
     table are then computed with numpy for the whole batch at once.
     """
-    scheduled = sched.scheduled
-    num_seqs = len(scheduled)
-    seqs = [seq for seq, _ in scheduled]
+    seqs = sched.seqs
+    num_seqs = len(seqs)
     starts = np.array([seq.num_computed_tokens for seq in seqs], dtype=np.int32)
     rows = np.array([seq.table_row for seq in seqs], dtype=np.intp)
     if sched.num_prefill_tokens == 0:
@@ -60,7 +59,7 @@ def build_forward_batch(
         ids: list[int] = []
         sampled = []
         sampled_rows = []
-        for i, (seq, n) in enumerate(scheduled):
+        for i, (seq, n) in enumerate(zip(seqs, sched.num_new_tokens, strict=True)):
             start = seq.num_computed_tokens
             ids.extend(seq.token_ids[start : start + n])
             if start + n == len(seq.token_ids):  # the last known token is computed: sample
@@ -68,7 +67,7 @@ def build_forward_batch(
                 sampled_rows.append(i)
         input_ids = np.array(ids, dtype=np.int32)
         num_tokens = len(ids)
-        query_lens = np.array([n for _, n in scheduled], dtype=np.int32)
+        query_lens = np.array(sched.num_new_tokens, dtype=np.int32)
         max_query_len = int(query_lens.max())
         seq_lens = starts + query_lens
         query_start_loc = np.zeros(num_seqs + 1, dtype=np.int32)

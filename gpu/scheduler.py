@@ -24,9 +24,14 @@ from gpu.sequence import Sequence, SequenceStatus
 
 @dataclass
 class SchedulerOutput:
-    """The step's work: (sequence, number of new tokens to compute), decodes first."""
+    """The step's work: the sequences that run, decodes first, and how many new tokens each.
 
-    scheduled: list[tuple[Sequence, int]] = field(default_factory=list)
+    Two parallel lists, not a list of (sequence, count) pairs: the runner reads them as
+    columns, and a decode step of hundreds of sequences builds no pair per sequence.
+    """
+
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
     preempted: list[Sequence] = field(default_factory=list)
@@ -35,6 +40,15 @@ class SchedulerOutput:
     @property
     def num_tokens(self) -> int:
         return self.num_prefill_tokens + self.num_decode_tokens
+
+    @property
+    def scheduled(self) -> list[tuple[Sequence, int]]:
+        """(sequence, number of new tokens) pairs, in order."""
+        return list(zip(self.seqs, self.num_new_tokens, strict=True))
+
+    def add(self, seq: Sequence, num_new_tokens: int) -> None:
+        self.seqs.append(seq)
+        self.num_new_tokens.append(num_new_tokens)
 
 
 class Scheduler:
@@ -63,7 +77,7 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        scheduled = out.scheduled
+        seqs, num_new_tokens = out.seqs, out.num_new_tokens
         budget = self.max_num_batched_tokens
         bm = self.block_manager
         bs = bm.block_size
@@ -84,9 +98,10 @@ class Scheduler:
                 budget += self._allocate_or_preempt(seq, 1, out)
                 if seq.status is not running:
                     continue
-            scheduled.append((seq, 1))
+            seqs.append(seq)
+            num_new_tokens.append(1)
             budget -= 1
-        out.num_decode_tokens = len(scheduled)  # so far, every scheduled entry is a decode
+        out.num_decode_tokens = len(seqs)  # so far, every scheduled sequence is a decode
 
         # 2. prefill chunks of admitted sequences, oldest first.
         for seq in prefills:
@@ -100,7 +115,7 @@ class Scheduler:
                 budget += self._allocate_or_preempt(seq, n, out)
                 if seq.status is not running:
                     continue
-            scheduled.append((seq, n))
+            out.add(seq, n)
             budget -= n
             out.num_prefill_tokens += n
 
@@ -118,7 +133,7 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             out.admitted.append(seq)
-            scheduled.append((seq, n))
+            out.add(seq, n)
             budget -= n
             if seq.num_tokens - seq.num_computed_tokens == 1:
                 out.num_decode_tokens += n
@@ -144,14 +159,14 @@ class Scheduler:
         Returns the tokens it had already been given this step (back into the budget)."""
         self.running.remove(seq)
         reclaimed = 0
-        for i, (s, n) in enumerate(out.scheduled):
+        for i, s in enumerate(out.seqs):
             if s is seq:  # it was already given tokens this step: take them back
-                del out.scheduled[i]
-                reclaimed = n
+                del out.seqs[i]
+                reclaimed = out.num_new_tokens.pop(i)
                 if seq.num_tokens - seq.num_computed_tokens == 1:
-                    out.num_decode_tokens -= n
+                    out.num_decode_tokens -= reclaimed
                 else:
-                    out.num_prefill_tokens -= n
+                    out.num_prefill_tokens -= reclaimed
                 break
         self.block_manager.free(seq)
         seq.status = SequenceStatus.WAITING
