@@ -99,15 +99,21 @@ def build_forward_batch(
 
 
 @functools.lru_cache(maxsize=64)
-def _greedy_metadata(num_rows: int) -> SamplingMetadata:
-    """SamplingMetadata.greedy(num_rows), built once per row count: its nine arrays cost more
-    than the rest of a one-sequence step's preparation. Read-only, since steps share it."""
+def _greedy_arrays(num_rows: int) -> dict[str, np.ndarray]:
+    """The arrays of SamplingMetadata.greedy(num_rows), built once per row count (nine arrays
+    cost more than the rest of a one-sequence step's preparation); read-only, as steps share
+    them."""
     md = SamplingMetadata.greedy(num_rows)
-    for f in dataclasses.fields(md):
-        value = getattr(md, f.name)
-        if isinstance(value, np.ndarray):
-            value.flags.writeable = False
-    return md
+    arrays = {f.name: getattr(md, f.name) for f in dataclasses.fields(md)}
+    arrays = {name: a for name, a in arrays.items() if isinstance(a, np.ndarray)}
+    for a in arrays.values():
+        a.flags.writeable = False
+    return arrays
+
+
+def _greedy_metadata(num_rows: int) -> SamplingMetadata:
+    """All rows plain argmax: a fresh SamplingMetadata over the shared read-only arrays."""
+    return SamplingMetadata(**_greedy_arrays(num_rows))
 
 
 def build_sampling_metadata(seqs: list[Sequence]) -> SamplingMetadata:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
 from engine_helpers import scripted_engine
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -33,6 +34,19 @@ def check_invariants(engine) -> None:
     # No block owned twice by one sequence.
     for seq in engine.requests.values():
         assert len(set(seq.block_table)) == len(seq.block_table)
+    # The numpy mirror of the block tables holds exactly the lists, zero-padded.
+    rows = bm.table_rows
+    live = {seq.table_row for seq in engine.requests.values() if seq.table_row >= 0}
+    for seq in engine.requests.values():
+        assert (seq.table_row >= 0) == bool(seq.block_table)
+        if seq.table_row >= 0:
+            assert rows.lens[seq.table_row] == len(seq.block_table)
+            assert rows.array[seq.table_row, : len(seq.block_table)].tolist() == seq.block_table
+    for row in range(len(rows.array)):
+        if row not in live:
+            assert rows.lens[row] == 0 and row in rows.free_rows
+    padding = np.arange(rows.array.shape[1]) >= rows.lens[:, None]
+    assert not rows.array[padding].any()
     # Every cached hash points at a block whose key is its own, and owners agree on contents.
     for h, block in bm.cached.items():
         assert bm.block_hash[block] == h
@@ -117,3 +131,29 @@ def test_full_prompt_hit_still_computes_the_last_token():
     bm.free(a)
     same = make_seq(list(range(8)))
     assert len(bm.find_cached_prefix(same)) == 1  # 7 tokens at most -> one full block
+
+
+def test_block_table_rows_grow_and_mirror_the_lists():
+    """More sequences than rows and longer tables than columns: the array grows to fit."""
+    bm = BlockManager(num_blocks=1000, block_size=2)
+    seqs = [make_seq(list(range(i, i + 3))) for i in range(40)]
+    for seq in seqs:
+        assert bm.admit(seq, [], 3)
+    for step in range(1, 40):  # grow every table past the array's first 32 columns
+        for seq in seqs[: 40 - step]:
+            seq.num_computed_tokens = len(seq.block_table) * 2
+            assert bm.allocate(seq, 1)  # one more block each
+    for seq in seqs[::3]:
+        bm.free(seq)
+    rows = bm.table_rows
+    assert rows.array.shape[0] >= 40 and rows.array.shape[1] > 32
+    for seq in seqs:
+        if seq.block_table:
+            row = rows.array[seq.table_row]
+            assert row[: len(seq.block_table)].tolist() == seq.block_table
+            assert not row[len(seq.block_table) :].any()
+        else:
+            assert seq.table_row == -1
+    again = make_seq([7, 8, 9])
+    assert bm.admit(again, [], 3)
+    assert rows.array[again.table_row].tolist()[:3] == again.block_table + [0]

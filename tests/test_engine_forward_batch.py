@@ -76,15 +76,35 @@ def script(seed: int, step: int) -> int:
 @pytest.mark.parametrize("seed", range(6))
 def test_batches_match_the_per_sequence_definition(seed):
     rng = np.random.default_rng(seed)
-    engine_ref: list = []
-    executor = CheckingExecutor(script, engine_ref)
-    engine = scripted_engine(
-        executor=executor,
+    run_and_check(
+        rng,
         num_kv_blocks=int(rng.integers(10, 40)),
         max_num_seqs=int(rng.integers(2, 9)),
         max_num_batched_tokens=int(rng.integers(5, 70)),
         block_size=4,
     )
+
+
+def test_many_sequences_with_long_tables():
+    """More sequences than the block-table array's first rows, tables wider than its columns."""
+    rng = np.random.default_rng(7)
+    engine = run_and_check(
+        rng,
+        arrivals=2.0,
+        num_kv_blocks=3000,
+        max_num_seqs=48,
+        max_num_batched_tokens=256,
+        block_size=1,
+    )
+    rows, cols = engine.block_manager.table_rows.array.shape
+    assert rows > 16 and cols > 32  # both grew from their initial size
+
+
+def run_and_check(rng, arrivals: float = 0.3, **engine_args):
+    """Random requests (`arrivals` a step on average) and aborts; every batch is checked."""
+    engine_ref: list = []
+    executor = CheckingExecutor(script, engine_ref)
+    engine = scripted_engine(executor=executor, **engine_args)
     engine_ref.append(engine)
     schedule = engine.scheduler.schedule
 
@@ -96,7 +116,7 @@ def test_batches_match_the_per_sequence_definition(seed):
     shared = [int(t) for t in rng.integers(0, 250, 24)]
     ids = []
     for step in range(300):
-        if rng.random() < 0.3:
+        for _ in range(rng.poisson(arrivals)):
             prompt = shared[: int(rng.integers(0, 24))] + [int(t) for t in rng.integers(0, 250, 9)]
             params = SamplingParams(
                 temperature=1.0, seed=step, max_tokens=int(rng.integers(1, 40)), ignore_eos=True
@@ -110,3 +130,4 @@ def test_batches_match_the_per_sequence_definition(seed):
     assert executor.checked > 100
     assert engine.stats().prefix_cache_hits > 0
     assert engine.block_manager.num_used_blocks == 0
+    return engine
