@@ -1,4 +1,5 @@
-"""CUDA graphs: a replayed decode step gives exactly the tokens of the eager step.
+"""CUDA graphs: a replayed step (decode, prefill or mixed) gives exactly the tokens of the
+eager step.
 
 The bucketing and padding logic runs everywhere (in the simulator the executor pads eagerly);
 the replay itself needs a GPU and runs on the device."""
@@ -10,12 +11,15 @@ from engine_helpers import random_prompts, tiny_config
 
 from gpu import LLM, EngineConfig, SamplingParams
 from gpu.backends import cuda_available
-from gpu.backends.cuda.graphs import bucket_for, capture_buckets
+from gpu.backends.cuda.graphs import bucket_for, capture_buckets, token_buckets
 from gpu.loader import build_engine
 from gpu.model_weights import random_hf_tensors
 
 
 def test_buckets_follow_the_issue():
+    assert token_buckets(4096) == [16, 32, 64, 128, 256, 512, 1024, 1536, 2048, 2560, 3072,
+                                   3584, 4096]  # fmt: skip
+    assert token_buckets(100) == [16, 32, 64, 100]
     assert capture_buckets(256) == [1, 2, 4, 8, 16] + list(range(32, 257, 16))
     assert capture_buckets(8) == [1, 2, 4, 8]
     assert capture_buckets(40) == [1, 2, 4, 8, 16, 32, 40]
@@ -24,7 +28,7 @@ def test_buckets_follow_the_issue():
     assert bucket_for(300, capture_buckets(256)) is None
 
 
-def _engine(enforce_eager: bool, **overrides):
+def _engine(enforce_eager: bool, max_num_batched_tokens: int | None = None, **overrides):
     from gpu.backends.cuda import CudaBackend
 
     config = tiny_config(**overrides)
@@ -33,7 +37,12 @@ def _engine(enforce_eager: bool, **overrides):
         config,
         tensors.__getitem__,
         CudaBackend(),
-        EngineConfig(enforce_eager=enforce_eager, num_kv_blocks=128, max_num_seqs=24),
+        EngineConfig(
+            enforce_eager=enforce_eager,
+            num_kv_blocks=128,
+            max_num_seqs=24,
+            max_num_batched_tokens=max_num_batched_tokens,
+        ),  # fmt: skip
     )
 
 
@@ -46,7 +55,8 @@ def test_graph_replay_gives_the_eager_tokens(batch):
     graphed_engine = _engine(False)
     graphed = LLM(engine=graphed_engine).generate(prompts, params)
     assert [o.outputs[0].token_ids for o in graphed] == [o.outputs[0].token_ids for o in eager]
-    assert graphed_engine.runner.executor.graphs  # the decode steps really were replayed
+    kinds = {key[0] for key in graphed_engine.runner.executor.graphs}
+    assert kinds == {"decode", "mixed"}  # prefill and decode steps really were replayed
     sampled = SamplingParams(temperature=0.8, top_p=0.9, seed=7, max_tokens=12)
     a = LLM(engine=_engine(True)).generate(prompts, sampled)
     b = LLM(engine=_engine(False)).generate(prompts, sampled)
@@ -62,8 +72,30 @@ def test_padded_decode_steps_match_unpadded_ones():
     padded_engine = _engine(True, **small)
     padded = LLM(engine=padded_engine).generate(prompts, params)
     plain_engine = _engine(True, **small)
-    plain_engine.runner.executor.buckets = []  # no bucket: every step eager and unpadded
+    executor = plain_engine.runner.executor
+    executor.buckets = executor.token_buckets = []  # no bucket: every step eager, unpadded
     plain = LLM(engine=plain_engine).generate(prompts, params)
     assert all(o.error is None and len(o.outputs[0].token_ids) == 4 for o in padded + plain)
     assert [o.outputs[0].token_ids for o in padded] == [o.outputs[0].token_ids for o in plain]
     assert 4 in padded_engine.runner.executor._decode_batches  # a padded step really ran
+
+
+def test_padded_prefill_and_mixed_steps_match_unpadded_ones():
+    """Runs everywhere: chunked prefill mixed with decodes, padded to (tokens, seqs) buckets,
+    gives the tokens of unpadded steps. A small token budget makes chunks share steps with
+    decodes; sequences finish at different steps."""
+    small = dict(num_hidden_layers=1, hidden_size=32, intermediate_size=48, vocab_size=258,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16)  # fmt: skip
+    prompts = random_prompts(3, seed=4, low=3, high=30)
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (2, 5, 3)]
+    outputs = []
+    for pad in (True, False):
+        engine = _engine(True, max_num_batched_tokens=12, **small)
+        if not pad:
+            engine.runner.executor.buckets = engine.runner.executor.token_buckets = []
+        outputs.append(LLM(engine=engine).generate(prompts, params))
+        if pad:
+            assert engine.runner.executor._mixed_batches  # padded mixed steps really ran
+    padded, plain = outputs
+    assert all(o.error is None for o in padded + plain)
+    assert [o.outputs[0].token_ids for o in padded] == [o.outputs[0].token_ids for o in plain]

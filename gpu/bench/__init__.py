@@ -181,7 +181,9 @@ def run_bench(args: argparse.Namespace) -> int:
         r = workloads.chat_run(engine, args.sessions, args.turns, long_prompt=args.long_prompt)
         results["chat"] = {k: v for k, v in dataclasses.asdict(r).items() if k != "ttfts_ms"}
     results["graph_capture_s"] = getattr(executor, "capture_time_s", None)
-    results["graph_buckets"] = sorted({b for b, _ in getattr(executor, "graphs", {})})
+    graphs = getattr(executor, "graphs", {})
+    results["graph_buckets"] = sorted({k[1] for k in graphs if k[0] == "decode"})
+    results["mixed_graph_buckets"] = sorted({k[1:3] for k in graphs if k[0] == "mixed"})
     _save(results, args.json_path)  # ours first: a slow or failing comparison loses nothing
     if args.compare == "hf":
         from gpu.bench.hf_reference import run_hf

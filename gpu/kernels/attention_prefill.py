@@ -462,7 +462,8 @@ def prefill_attention(
         kernel = get_kernel(hd, group, block_size, wide)
         grid = (cdiv(max_query_len, wide.query_tokens(group)), nkv, num_seqs)
         kernel[grid, wide.threads, stream](*args, small + 1, max_query_len, out)
-    if num_seqs > 1 or max_query_len <= small:
-        kernel = get_kernel(hd, group, block_size, narrow)
-        grid = (cdiv(min(max_query_len, small), narrow.query_tokens(group)), nkv, num_seqs)
-        kernel[grid, narrow.threads, stream](*args, 1, small, out)
+    # Always, even for one sequence: max_query_len may be a bound (a graph bucket's token
+    # count), so a sequence of few rows can hide behind it; if none has few, these blocks exit.
+    kernel = get_kernel(hd, group, block_size, narrow)
+    grid = (cdiv(min(max_query_len, small), narrow.query_tokens(group)), nkv, num_seqs)
+    kernel[grid, narrow.threads, stream](*args, 1, small, out)

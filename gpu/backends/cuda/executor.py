@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from gpu.backends.cuda.graphs import CudaGraph, bucket_for, capture_buckets
+from gpu.backends.cuda.graphs import CudaGraph, bucket_for, capture_buckets, token_buckets
 from gpu.backends.cuda.sampler import DeviceSampler, sampler_fields
 from gpu.backends.cuda.staging import Staging
 from gpu.forward_batch import ForwardBatch
@@ -92,6 +92,36 @@ class StepInputs:
         h["seq_lens"][n:rows] = 0
         h["logits_indices"][n:rows] = np.arange(n, rows, dtype=np.int32)
 
+    def pad_mixed(self, t: int, s: int, n: int, tokens: int, seqs: int) -> None:
+        """Pad a step of t tokens, s sequences and n sampled rows to a (tokens, seqs) bucket:
+        padding tokens belong to no sequence (no KV write), padding sequences have no query
+        rows and no context, padding logits rows read row 0."""
+        h = self.staging.host
+        h["input_ids"][t:tokens] = 0
+        h["positions"][t:tokens] = 0
+        h["slot_mapping"][t:tokens] = -1
+        h["query_start_loc"][s + 1 : seqs + 1] = t
+        h["seq_lens"][s:seqs] = 0
+        h["logits_indices"][n:seqs] = 0
+
+    def mixed_batch(self, tokens: int, seqs: int) -> DeviceForwardBatch:
+        """The fixed device views of a prefill or mixed step of a (tokens, seqs) bucket."""
+        d = self.staging.device
+        return DeviceForwardBatch(
+            num_tokens=tokens,
+            num_seqs=seqs,
+            input_ids=d["input_ids"][:tokens],
+            positions=d["positions"][:tokens],
+            slot_mapping=d["slot_mapping"][:tokens],
+            query_start_loc=d["query_start_loc"][: seqs + 1],
+            seq_lens=d["seq_lens"][:seqs],
+            block_tables=d["block_tables"],
+            logits_indices=d["logits_indices"][:seqs],
+            max_query_len=tokens,  # a bound: each sequence's rows come from query_start_loc
+            max_seq_len=0,
+            block_table_stride=d["block_table_stride"],
+        )
+
     def decode_batch(self, rows: int) -> DeviceForwardBatch:
         """The fixed device views of a decode step of `rows` sequences (a graph bucket)."""
         d = self.staging.device
@@ -131,13 +161,14 @@ class StepInputs:
 
 
 class CudaExecutor:
-    """Runs steps on the GPU. Decode steps are padded to a batch-size bucket and, unless
-    enforce_eager, replayed from a CUDA graph captured the first time the bucket is used
-    (gpu/backends/cuda/graphs.py); prefill and mixed steps, and steps whose sampling needs
-    variable-length data (penalties, min_tokens bans), run eagerly.
+    """Runs steps on the GPU. Decode steps are padded to a batch-size bucket, prefill and mixed
+    steps to a (tokens, sequences) bucket, and unless enforce_eager each bucket is replayed
+    from a CUDA graph captured the first time it is used (gpu/backends/cuda/graphs.py). Steps
+    whose sampling needs variable-length data (penalties, min_tokens bans) run eagerly,
+    unpadded.
 
-    Eager decode steps are padded to the same buckets, so a graph replays exactly the launches
-    (and cuBLAS algorithms) of the eager step it was captured from: same bits, same tokens.
+    Eager steps are padded to the same buckets, so a graph replays exactly the launches (and
+    cuBLAS algorithms) of the eager step it was captured from: same bits, same tokens.
     """
 
     def __init__(self, model: LlamaModel, backend: Any, config: Any = None) -> None:
@@ -159,14 +190,21 @@ class CudaExecutor:
             SIMULATOR or backend.debug or bool(getattr(config, "enforce_eager", False))
         )
         self.buckets = capture_buckets(min(max_seqs, max_tokens))
-        self.graphs: dict[tuple[int, bool], Any] = {}  # (bucket, all greedy) -> graph
+        self.seq_buckets = capture_buckets(max_seqs)
+        self.token_buckets = token_buckets(max_tokens)
+        # ("decode", bucket, all greedy) or ("mixed", tokens, seqs, all greedy) -> graph
+        self.graphs: dict[tuple, Any] = {}
         self._decode_batches: dict[int, DeviceForwardBatch] = {}
+        self._mixed_batches: dict[tuple[int, int], DeviceForwardBatch] = {}
         self.capture_time_s = 0.0
 
     def execute(self, batch: ForwardBatch, metadata: SamplingMetadata) -> np.ndarray:
         bucket = self._decode_bucket(batch, metadata)
         if bucket is not None:
             return self._execute_decode(batch, metadata, bucket)
+        mixed = self._mixed_bucket(batch, metadata)
+        if mixed is not None:
+            return self._execute_mixed(batch, metadata, *mixed)
         nbytes = self.inputs.stage(batch)
         num_logits = metadata.num_rows
         if num_logits:
@@ -196,15 +234,60 @@ class CudaExecutor:
         self.sampler.stage(md)
         self.sampler.pad(n, bucket)
         self.inputs.staging.upload(nbytes)
-        key = (bucket, md.all_greedy)
+        self._run(("decode", bucket, md.all_greedy))
+        return self.sampler.fetch(n)
+
+    # --- prefill and mixed steps: padded to (tokens, seqs), replayed from a graph ---------
+    def _mixed_bucket(self, batch: ForwardBatch, md: SamplingMetadata) -> tuple | None:
+        if batch.num_seqs == 0 or md.has_penalties or md.banned_token_ids is not None:
+            return None
+        tokens = bucket_for(batch.num_tokens, self.token_buckets)
+        seqs = bucket_for(batch.num_seqs, self.seq_buckets)
+        if tokens is None or seqs is None:
+            return None
+        return tokens, seqs
+
+    def _execute_mixed(self, batch: ForwardBatch, md: SamplingMetadata, tokens: int, seqs: int):
+        n = md.num_rows
+        nbytes = self.inputs.stage(batch)
+        self.inputs.pad_mixed(batch.num_tokens, batch.num_seqs, n, tokens, seqs)
+        if n:
+            self.sampler.stage(md)
+        self.sampler.pad(n, seqs)
+        self.inputs.staging.upload(nbytes)
+        self._run(("mixed", tokens, seqs, md.all_greedy or n == 0))
+        if n == 0:
+            self.backend.synchronize()
+        return self.sampler.fetch(n)
+
+    def _mixed_step(self, tokens: int, seqs: int, greedy: bool) -> None:
+        key = (tokens, seqs)
+        if key not in self._mixed_batches:
+            self._mixed_batches[key] = self.inputs.mixed_batch(tokens, seqs)
+        logits = self.model.forward(self._mixed_batches[key], seqs)
+        if greedy:
+            self.sampler.launch_greedy(logits)
+        else:
+            self.sampler.launch(logits)
+
+    # --- graphs -------------------------------------------------------------------------
+    def _run(self, key: tuple) -> None:
+        """Replay key's graph; the first time, run the step eagerly and capture it."""
         graph = self.graphs.get(key)
         if graph is not None:
             graph.replay()
-        else:
-            self._decode_step(*key)  # eager (also the warm-up before a capture)
-            if not self.enforce_eager:
-                self._capture(*key)
-        return self.sampler.fetch(n)
+            return
+        step = self._step_fn(key)
+        step()  # eager (also the warm-up before a capture)
+        if not self.enforce_eager:
+            t0 = time.perf_counter()
+            self.graphs[key] = CudaGraph(self.backend.stream, step)
+            self.capture_time_s += time.perf_counter() - t0
+
+    def _step_fn(self, key: tuple):
+        if key[0] == "decode":
+            return lambda: self._decode_step(*key[1:])
+        return lambda: self._mixed_step(*key[1:])
 
     def _decode_step(self, bucket: int, greedy: bool) -> None:
         if bucket not in self._decode_batches:
@@ -227,15 +310,6 @@ class CudaExecutor:
             self.sampler.pad(0, bucket)
             self.inputs.staging.upload(self.inputs.staging.end_of("block_tables", 0))
             for greedy in (True, False):
-                self._decode_step(bucket, greedy)
-                if not self.enforce_eager:
-                    self._capture(bucket, greedy)
+                self._run(("decode", bucket, greedy))
         self.backend.synchronize()
         return time.perf_counter() - t0
-
-    def _capture(self, bucket: int, greedy: bool) -> None:
-        t0 = time.perf_counter()
-        self.graphs[bucket, greedy] = CudaGraph(
-            self.backend.stream, lambda: self._decode_step(bucket, greedy)
-        )
-        self.capture_time_s += time.perf_counter() - t0

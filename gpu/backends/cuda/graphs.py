@@ -1,4 +1,4 @@
-"""CUDA graphs: a whole decode step recorded once, replayed for ~1.3 us a kernel.
+"""CUDA graphs: a whole step recorded once, replayed for ~1.3 us a kernel.
 
 A Llama-3.2-1B decode step is ~200 launches. From Python each costs 30-75 us (Numba's argument
 handling), so launched one by one the step is launch-bound at ~9 ms while the GPU work is under
@@ -10,7 +10,10 @@ thread-local, so the engine thread's capture never trips over another thread's C
 What a graph records is fixed: kernel arguments, pointers, grid sizes. So a graph is valid only
 for one batch size (its bucket) and only because every per-step input lives at a fixed device
 address (the executor's staged buffers) and every per-step shape is read from device memory.
-Steps smaller than a bucket are padded to it (padding rows: no KV write, seq_len 0).
+Steps smaller than a bucket are padded to it (padding rows: no KV write, seq_len 0). Decode
+steps are keyed by their batch size; prefill and mixed steps by (tokens, sequences), both
+rounded up to a bucket: their attention reads every length from device memory too, and the
+launch's query-length bound is the token bucket, whose surplus query tiles exit at once.
 
 The driver calls go through cuda.bindings on the stream handle Numba owns.
 """
@@ -36,6 +39,16 @@ def capture_buckets(max_num_seqs: int) -> list[int]:
     buckets = [b for b in (1, 2, 4, 8, 16) if b < max_num_seqs]
     buckets += list(range(16, max_num_seqs, 16))
     buckets.append(max_num_seqs)
+    return sorted(set(buckets))
+
+
+def token_buckets(max_num_tokens: int) -> list[int]:
+    """Token counts that get a graph for prefill and mixed steps: powers of two from 16 to 512,
+    then every 512 up to max_num_tokens (padding wastes at most half of a small step's rows and
+    an eighth of a large one's; the matrix products are what padding costs)."""
+    buckets = [b for b in (16, 32, 64, 128, 256, 512) if b < max_num_tokens]
+    buckets += list(range(512, max_num_tokens, 512))
+    buckets.append(max_num_tokens)
     return sorted(set(buckets))
 
 
