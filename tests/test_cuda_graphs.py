@@ -99,3 +99,21 @@ def test_padded_prefill_and_mixed_steps_match_unpadded_ones():
     padded, plain = outputs
     assert all(o.error is None for o in padded + plain)
     assert [o.outputs[0].token_ids for o in padded] == [o.outputs[0].token_ids for o in plain]
+
+
+def test_capture_all_runs_every_bucket_and_leaves_the_cache_alone():
+    """capture_all's warm-up steps are all padding: afterwards generation gives the tokens of
+    a fresh engine (in the simulator the steps run eagerly; on a GPU they are captured)."""
+    small = dict(num_hidden_layers=1, hidden_size=32, intermediate_size=48, vocab_size=258,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16)  # fmt: skip
+    prompts = random_prompts(2, seed=6, low=3, high=12)
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    fresh = LLM(engine=_engine(True, max_num_batched_tokens=16, **small)).generate(prompts, params)
+    warmed_engine = _engine(not cuda_available(), max_num_batched_tokens=16, **small)
+    executor = warmed_engine.runner.executor
+    executor.buckets = executor.seq_buckets = [1, 2]  # the simulator is slow: few buckets
+    executor.capture_all(mixed_max_seqs=2)
+    buckets = {(t, s) for t in executor.token_buckets for s in (1, 2)}
+    assert set(executor._mixed_batches) == buckets and len(buckets) >= 2
+    warmed = LLM(engine=warmed_engine).generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in warmed] == [o.outputs[0].token_ids for o in fresh]

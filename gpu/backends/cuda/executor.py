@@ -270,6 +270,14 @@ class CudaExecutor:
         else:
             self.sampler.launch(logits)
 
+    def _upload_padding(self, rows: int) -> None:
+        """Copy an all-padding step (staged by pad_decode or pad_mixed from 0) to the device,
+        for the warm-up run before a capture."""
+        self.inputs.staging.host["query_start_loc"][0] = 0
+        self.inputs.staging.host["block_table_stride"][0] = 0
+        self.sampler.pad(0, rows)
+        self.inputs.staging.upload(self.inputs.staging.end_of("block_tables", 0))
+
     # --- graphs -------------------------------------------------------------------------
     def _run(self, key: tuple) -> None:
         """Replay key's graph; the first time, run the step eagerly and capture it."""
@@ -298,18 +306,23 @@ class CudaExecutor:
         else:
             self.sampler.launch(logits)
 
-    def capture_all(self) -> float:
-        """Capture every bucket now (instead of lazily); returns the seconds it took.
+    def capture_all(self, mixed_max_seqs: int = 16) -> float:
+        """Capture every decode bucket, and the prefill/mixed buckets of up to mixed_max_seqs
+        sequences (all-greedy sampling), now instead of lazily; returns the seconds it took.
 
         Each bucket runs once eagerly on an all-padding step (no KV write) to compile its
-        kernels and settle cuBLAS, then is captured."""
+        kernels and settle cuBLAS, then is captured. Prefill/mixed buckets of more sequences
+        (a burst of admissions) are still captured the first time they are used."""
         t0 = time.perf_counter()
         for bucket in self.buckets:
             self.inputs.pad_decode(0, bucket)
-            self.inputs.staging.host["block_table_stride"][0] = 0
-            self.sampler.pad(0, bucket)
-            self.inputs.staging.upload(self.inputs.staging.end_of("block_tables", 0))
+            self._upload_padding(bucket)
             for greedy in (True, False):
                 self._run(("decode", bucket, greedy))
+        for seqs in (b for b in self.seq_buckets if b <= mixed_max_seqs):
+            for tokens in self.token_buckets:
+                self.inputs.pad_mixed(0, 0, 0, tokens, seqs)
+                self._upload_padding(seqs)
+                self._run(("mixed", tokens, seqs, True))
         self.backend.synchronize()
         return time.perf_counter() - t0
