@@ -13,7 +13,9 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import os
 import queue
+import sys
 import threading
 from collections.abc import Callable, Iterator
 
@@ -22,6 +24,7 @@ from gpu.outputs import CompletionOutput, EngineStats, RequestOutput
 from gpu.sampling_params import RequestOutputKind, SamplingParams
 
 log = logging.getLogger(__name__)
+SWITCH_INTERVAL_MS = 1.0  # see EngineThread.start
 OutputCallback = Callable[[RequestOutput], None]
 
 
@@ -61,6 +64,13 @@ class EngineThread:
 
     # --- client side (any thread) ---------------------------------------------------------
     def start(self) -> None:
+        # The engine shares the interpreter with its clients (the app's UI, the bench's
+        # sessions). When threads contend for the GIL, Python hands it over only every
+        # switch interval (5 ms by default), so a client thread busy in Python could hold a
+        # decode step back by up to 5 ms. A shorter interval bounds that wait.
+        ms = float(os.environ.get("TINYCHAT_SWITCH_INTERVAL_MS", SWITCH_INTERVAL_MS))
+        if ms / 1e3 < sys.getswitchinterval():
+            sys.setswitchinterval(ms / 1e3)
         self._thread.start()
 
     def add_request(
