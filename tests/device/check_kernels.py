@@ -280,7 +280,7 @@ def decode_kernel_times() -> dict:
 def _decode_times(b: int) -> dict:
     """The ops in the order gpu/model.py calls them, on its buffers (the CudaBackend methods,
     so the measurement follows whatever path the backend takes at this batch size)."""
-    r: dict = {"path": "gemv" if gemv.supports(b, H) else "composed"}
+    r: dict = {"path": "gemv" if gemv.serves(b, H) else "composed"}
     per_seq = CTX // BS
     eps = CFG.rms_norm_eps
     w = decode_weights()
@@ -383,7 +383,7 @@ def fused_ops() -> dict:
 def _fused_case(t: int, mats: dict, tables: tuple) -> dict:
     norm, d_norm, cos, sin, d_cos, d_sin = tables
     eps = CFG.rms_norm_eps
-    out: dict = {"path": "gemv" if gemv.supports(t, H) else "composed"}
+    out: dict = {"path": "gemv" if gemv.serves(t, H) else "composed"}
     res = rng.standard_normal((t, H), np.float32) * 2
     d_res = dev(res)
     normed, normed_f32 = backend.empty((t, H), "act"), np.zeros((t, H), np.float32)
