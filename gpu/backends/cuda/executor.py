@@ -104,8 +104,10 @@ class StepInputs:
         h["seq_lens"][s:seqs] = 0
         h["logits_indices"][n:seqs] = 0
 
-    def mixed_batch(self, tokens: int, seqs: int) -> DeviceForwardBatch:
-        """The fixed device views of a prefill or mixed step of a (tokens, seqs) bucket."""
+    def fixed_batch(self, tokens: int, seqs: int, max_query_len: int) -> DeviceForwardBatch:
+        """The fixed device views of a graph bucket: a decode step (max_query_len 1) or a
+        prefill/mixed step, where max_query_len is a bound, the bucket's token count (each
+        sequence's rows come from query_start_loc)."""
         d = self.staging.device
         return DeviceForwardBatch(
             num_tokens=tokens,
@@ -117,26 +119,8 @@ class StepInputs:
             seq_lens=d["seq_lens"][:seqs],
             block_tables=d["block_tables"],
             logits_indices=d["logits_indices"][:seqs],
-            max_query_len=tokens,  # a bound: each sequence's rows come from query_start_loc
-            max_seq_len=0,
-            block_table_stride=d["block_table_stride"],
-        )
-
-    def decode_batch(self, rows: int) -> DeviceForwardBatch:
-        """The fixed device views of a decode step of `rows` sequences (a graph bucket)."""
-        d = self.staging.device
-        return DeviceForwardBatch(
-            num_tokens=rows,
-            num_seqs=rows,
-            input_ids=d["input_ids"][:rows],
-            positions=d["positions"][:rows],
-            slot_mapping=d["slot_mapping"][:rows],
-            query_start_loc=d["query_start_loc"][: rows + 1],
-            seq_lens=d["seq_lens"][:rows],
-            block_tables=d["block_tables"],
-            logits_indices=d["logits_indices"][:rows],
-            max_query_len=1,
-            max_seq_len=0,  # not read by the decode kernels: shapes come from seq_lens
+            max_query_len=max_query_len,
+            max_seq_len=0,  # not read by the kernels: shapes come from seq_lens
             block_table_stride=d["block_table_stride"],
         )
 
@@ -263,7 +247,7 @@ class CudaExecutor:
     def _mixed_step(self, tokens: int, seqs: int, greedy: bool) -> None:
         key = (tokens, seqs)
         if key not in self._mixed_batches:
-            self._mixed_batches[key] = self.inputs.mixed_batch(tokens, seqs)
+            self._mixed_batches[key] = self.inputs.fixed_batch(tokens, seqs, tokens)
         logits = self.model.forward(self._mixed_batches[key], seqs)
         if greedy:
             self.sampler.launch_greedy(logits)
@@ -299,7 +283,7 @@ class CudaExecutor:
 
     def _decode_step(self, bucket: int, greedy: bool) -> None:
         if bucket not in self._decode_batches:
-            self._decode_batches[bucket] = self.inputs.decode_batch(bucket)
+            self._decode_batches[bucket] = self.inputs.fixed_batch(bucket, bucket, 1)
         logits = self.model.forward(self._decode_batches[bucket], bucket)
         if greedy:
             self.sampler.launch_greedy(logits)
