@@ -53,6 +53,7 @@ class CudaBackend(ComposedOps):
         self.vocab_size = 0
         self._part_acc = cuda.device_array(1, np.float32)
         self._part_ml = cuda.device_array(1, np.float32)
+        self._split_counters = cuda.to_device(np.zeros(1, np.int32))  # zero, and kept zero
         self._sampler: DeviceSampler | None = None
 
     # --- memory -------------------------------------------------------------------------
@@ -116,8 +117,7 @@ class CudaBackend(ComposedOps):
             self._part_acc = cuda.device_array(acc, np.float32, stream=self.stream)
         if self._part_ml.shape[0] < ml:
             self._part_ml = cuda.device_array(ml, np.float32, stream=self.stream)
-        counters = getattr(self, "_split_counters", None)
-        if counters is None or counters.shape[0] < cnt:
+        if self._split_counters.shape[0] < cnt:
             # Zeroed once: the decode kernel leaves every counter it uses at zero again.
             self._split_counters = cuda.to_device(np.zeros(cnt, np.int32))
 
@@ -280,12 +280,10 @@ class CudaBackend(ComposedOps):
             splits = attention_decode.choose_num_splits(batch.num_seqs, num_kv_heads, self.num_sms)
             acc, ml = attention_decode.partial_sizes(batch.num_seqs, num_heads, head_dim, splits)
             cnt = attention_decode.counter_size(batch.num_seqs, num_kv_heads, splits)
-            counters = getattr(self, "_split_counters", None)
             if (
                 acc > self._part_acc.shape[0]
                 or ml > self._part_ml.shape[0]
-                or counters is None
-                or cnt > counters.shape[0]
+                or cnt > self._split_counters.shape[0]
             ):
                 self.reserve_attention_scratch(batch.num_seqs, num_heads, num_kv_heads, head_dim)
             attention_decode.decode_attention(
