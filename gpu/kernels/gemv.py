@@ -142,11 +142,38 @@ def gemv_kernel(
     half = rows // 2
     hidden = float(4 * k_words)
     nwarps = max(1, nthreads // 32)
-    lanes = min(32, nthreads)
     red_shape = (nthreads, nacc) if SIMULATOR else (nwarps, nacc)
     xf_len = max_tokens * 4 * wpt if norm else 1
     nwv, nwf = rows * wpt, rows * 4  # local array sizes must be compile-time constants
     exact = k_words % nthreads == 0  # every thread owns wpt words: no guard needed
+
+    # The block reductions (the norm's sums of squares, the final dot products): each thread's
+    # partials summed over its warp with xor shuffles, one row of `red` a warp, then summed
+    # over the warps in order. The simulator has no shuffles: one row of `red` a thread.
+    red_rows = red_shape[0]
+
+    @device_function
+    def partials_to_shared(acc, count, red, tid):
+        if SIMULATOR:
+            for a in range(count):
+                red[tid, a] = acc[a]
+        else:
+            for a in range(count):
+                v = acc[a]
+                for k in range(5):
+                    v += cuda.shfl_xor_sync(FULL_MASK, v, 16 >> k)
+                acc[a] = v
+            if tid % 32 == 0:
+                for a in range(count):
+                    red[tid // 32, a] = acc[a]
+        cuda.syncthreads()
+
+    @device_function
+    def shared_total(red, a):
+        total = float32(0.0)
+        for k in range(red_rows):
+            total += red[k, a]
+        return total
 
     def kernel(
         x64, xres, norm_w, eps, w64, out, num_tokens,
@@ -160,8 +187,6 @@ def gemv_kernel(
         xs = cuda.local.array(4, float32)
         acc = cuda.local.array(nacc, float32)
         tid = cuda.threadIdx.x
-        lane = tid % lanes
-        warp = tid // lanes
         n_w = w64.shape[0]
         last_t = num_tokens - 1
         half_dim = head_dim // 2
@@ -194,30 +219,9 @@ def gemv_kernel(
                         xf[(t * wpt + j) * 4 + i] = v
                         squares += v * v
                 acc[t] = squares
-            if SIMULATOR:
-                for t in range(max_tokens):
-                    red[tid, t] = acc[t]
-                cuda.syncthreads()
-                for t in range(max_tokens):
-                    total = float32(0.0)
-                    for k in range(nthreads):
-                        total += red[k, t]
-                    acc[t] = total
-            else:
-                for t in range(max_tokens):
-                    v = acc[t]
-                    for k in range(5):
-                        v += cuda.shfl_xor_sync(FULL_MASK, v, 16 >> k)
-                    acc[t] = v
-                if lane == 0:
-                    for t in range(max_tokens):
-                        red[warp, t] = acc[t]
-                cuda.syncthreads()
-                for t in range(max_tokens):
-                    total = float32(0.0)
-                    for k in range(nwarps):
-                        total += red[k, t]
-                    acc[t] = total
+            partials_to_shared(acc, max_tokens, red, tid)
+            for t in range(max_tokens):
+                acc[t] = shared_total(red, t)
             cuda.syncthreads()  # red is reused by the final reduction
             for t in range(max_tokens):
                 denom = math.sqrt(float32(acc[t] / float32(hidden)) + float32(eps))
@@ -250,28 +254,10 @@ def gemv_kernel(
                         acc[r * max_tokens + t] = dot
 
         # Sum each partial over the block, in a fixed order.
-        if SIMULATOR:
-            for a in range(nacc):
-                red[tid, a] = acc[a]
-            cuda.syncthreads()
-            total = float32(0.0)
-            if tid < nacc:
-                for k in range(nthreads):
-                    total += red[k, tid]
-        else:
-            for a in range(nacc):
-                v = acc[a]
-                for k in range(5):
-                    v += cuda.shfl_xor_sync(FULL_MASK, v, 16 >> k)
-                acc[a] = v
-            if lane == 0:
-                for a in range(nacc):
-                    red[warp, a] = acc[a]
-            cuda.syncthreads()
-            total = float32(0.0)
-            if tid < nacc:
-                for k in range(nwarps):
-                    total += red[k, tid]
+        partials_to_shared(acc, nacc, red, tid)
+        total = float32(0.0)
+        if tid < nacc:
+            total = shared_total(red, tid)
 
         r = tid // max_tokens
         t = tid % max_tokens
