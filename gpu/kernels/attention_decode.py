@@ -120,8 +120,8 @@ import numpy as np
 from numba import cuda, float32, int32, uint64
 
 from gpu.kernels import launch
-from gpu.kernels.bf16 import bits_f32, f32_to_bf16
-from gpu.kernels.launch import SIMULATOR, cdiv, device_function, threads
+from gpu.kernels.bf16 import bf16_of_word, f32_to_bf16
+from gpu.kernels.launch import SIMULATOR, cdiv, threads
 
 DIMS = 8  # head dimensions per lane: two 8-byte words of four bf16
 UNROLL = 4  # tokens per token slot per tile
@@ -153,12 +153,6 @@ _ARGS = (
     " int32[::1], int32[::1], float64, int64, uint16[:, ::1], float32[::1], float32[::1],"
     " int32[::1]"
 )
-
-
-@device_function
-def bf16_of_word(word, k):
-    """The k-th bf16 (k = 0..3, lowest bits first) of a 64-bit word of four, as float32."""
-    return bits_f32(((word >> uint64(16 * k)) << uint64(16)) & uint64(0xFFFF0000))
 
 
 def check_shape(head_dim: int, group: int) -> None:

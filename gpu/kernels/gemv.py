@@ -336,18 +336,15 @@ class RopeArgs(NamedTuple):
     head_dim: int
 
 
-_DUMMY: dict = {}
-
-
+@functools.cache
 def _dummy(dtype, ndim: int):
     """A one-element device array standing in for an argument a variant does not read."""
-    key = (np.dtype(dtype).str, ndim)
-    if key not in _DUMMY:
-        _DUMMY[key] = cuda.to_device(np.zeros((1,) * ndim, dtype))
-    return _DUMMY[key]
+    return cuda.to_device(np.zeros((1,) * ndim, dtype))
 
 
+@functools.cache
 def _no_rope() -> RopeArgs:
+    """The rope arguments of the other epilogues: dummies, made once."""
     i32, f32, cache = _dummy(np.int32, 1), _dummy(np.float32, 2), _dummy(np.uint16, 4)
     return RopeArgs(i32, f32, f32, cache, cache, i32, 0, 2)
 

@@ -182,10 +182,9 @@ class CudaBackend(ComposedOps):
     # the ops around the product fused in; larger steps go to cuBLAS (tensor cores), with the
     # fused ops composed from the basic kernels (ComposedOps) or folded into cuBLAS (beta = 1).
     def linear(self, x: Any, w: Any, out: Any) -> None:
-        if gemv.serves(*x.shape):
-            gemv.gemv(x, w, out, stream=self.stream)
-        else:
-            self.gemm.linear(x, w, out)
+        """The plain product: the model reaches it only through the composed ops, i.e. for
+        steps the fused kernels do not serve, so it is always cuBLAS."""
+        self.gemm.linear(x, w, out)
         self.check("linear")
 
     def rmsnorm_linear(
