@@ -185,10 +185,13 @@ class CudaExecutor:
     def execute(self, batch: ForwardBatch, metadata: SamplingMetadata) -> np.ndarray:
         bucket = self._decode_bucket(batch, metadata)
         if bucket is not None:
-            return self._execute_decode(batch, metadata, bucket)
+            key = ("decode", bucket, metadata.all_greedy)
+            return self._execute_padded(batch, metadata, key, bucket)
         mixed = self._mixed_bucket(batch, metadata)
         if mixed is not None:
-            return self._execute_mixed(batch, metadata, *mixed)
+            tokens, seqs = mixed
+            key = ("mixed", tokens, seqs, metadata.all_greedy or metadata.num_rows == 0)
+            return self._execute_padded(batch, metadata, key, seqs)
         nbytes = self.inputs.stage(batch)
         num_logits = metadata.num_rows
         if num_logits:
@@ -211,14 +214,22 @@ class CudaExecutor:
             return None  # variable-length sampling inputs: eager
         return bucket_for(batch.num_seqs, self.buckets)
 
-    def _execute_decode(self, batch: ForwardBatch, md: SamplingMetadata, bucket: int):
-        n = batch.num_seqs
+    def _execute_padded(self, batch: ForwardBatch, md: SamplingMetadata, key: tuple, rows: int):
+        """Stage the step, pad it to its bucket (`rows` sequences), replay (or run and
+        capture) the bucket's graph, and read the sampled ids back."""
+        n = md.num_rows
         nbytes = self.inputs.stage(batch)
-        self.inputs.pad_decode(n, bucket)
-        self.sampler.stage(md)
-        self.sampler.pad(n, bucket)
+        if key[0] == "decode":
+            self.inputs.pad_decode(n, rows)
+        else:
+            self.inputs.pad_mixed(batch.num_tokens, batch.num_seqs, n, key[1], rows)
+        if n:
+            self.sampler.stage(md)
+        self.sampler.pad(n, rows)
         self.inputs.staging.upload(nbytes)
-        self._run(("decode", bucket, md.all_greedy))
+        self._run(key)
+        if n == 0:
+            self.backend.synchronize()
         return self.sampler.fetch(n)
 
     # --- prefill and mixed steps: padded to (tokens, seqs), replayed from a graph ---------
@@ -230,19 +241,6 @@ class CudaExecutor:
         if tokens is None or seqs is None:
             return None
         return tokens, seqs
-
-    def _execute_mixed(self, batch: ForwardBatch, md: SamplingMetadata, tokens: int, seqs: int):
-        n = md.num_rows
-        nbytes = self.inputs.stage(batch)
-        self.inputs.pad_mixed(batch.num_tokens, batch.num_seqs, n, tokens, seqs)
-        if n:
-            self.sampler.stage(md)
-        self.sampler.pad(n, seqs)
-        self.inputs.staging.upload(nbytes)
-        self._run(("mixed", tokens, seqs, md.all_greedy or n == 0))
-        if n == 0:
-            self.backend.synchronize()
-        return self.sampler.fetch(n)
 
     def _mixed_step(self, tokens: int, seqs: int, greedy: bool) -> None:
         key = (tokens, seqs)
