@@ -43,6 +43,15 @@ def device_pointer(array) -> int:
     return int(array.__cuda_array_interface__["data"][0])
 
 
+def check_linear(x, w, out) -> None:
+    """The operands of out = x @ w.T: x [T, K] and w [N, K] bf16 bits, out [T, N]."""
+    t, k = x.shape
+    if w.shape[1] != k or out.shape != (t, w.shape[0]):
+        raise ValueError(f"linear: x {x.shape} @ w {w.shape}.T -> out {out.shape}")
+    if x.dtype != np.uint16 or w.dtype != np.uint16:
+        raise TypeError("linear: x and w must be bf16 bits (uint16)")
+
+
 class CublasGemm:
     def __init__(self, stream) -> None:
         from nvmath.bindings import cublas
@@ -65,10 +74,7 @@ class CublasGemm:
         n = w.shape[0]
         if t == 0:
             return
-        if w.shape[1] != k or out.shape != (t, n):
-            raise ValueError(f"linear: x {x.shape} @ w {w.shape}.T -> out {out.shape}")
-        if x.dtype != np.uint16 or w.dtype != np.uint16:
-            raise TypeError("linear: x and w must be bf16 bits (uint16)")
+        check_linear(x, w, out)
         ctype = CUDA_R_32F if out.dtype == np.float32 else CUDA_R_16BF
         ldc = out.strides[0] // out.dtype.itemsize
         self._cublas.gemm_ex(
