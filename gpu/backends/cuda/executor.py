@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numba import cuda
 
 from gpu.backends.cuda.graphs import CudaGraph, bucket_for, capture_buckets, token_buckets
 from gpu.backends.cuda.sampler import DeviceSampler, sampler_fields
@@ -287,6 +288,25 @@ class CudaExecutor:
             self.sampler.launch_greedy(logits)
         else:
             self.sampler.launch(logits)
+
+    def replay_ms(self, num_seqs: int, reps: int = 50) -> float | None:
+        """GPU milliseconds per replay of the greedy decode graph of num_seqs' bucket, replayed
+        back to back on the last step's inputs (None before that graph exists). Beside the
+        measured step time it shows the host's share of a step. Writes the KV of the last step's
+        tokens again, so run it only when no sequence is live (the bench, between runs)."""
+        bucket = bucket_for(num_seqs, self.buckets)
+        graph = self.graphs.get(("decode", bucket, True))
+        if graph is None:
+            return None
+        stream = self.backend.stream
+        start, end = cuda.event(), cuda.event()
+        graph.replay()  # warm
+        start.record(stream)
+        for _ in range(reps):
+            graph.replay()
+        end.record(stream)
+        end.synchronize()
+        return cuda.event_elapsed_time(start, end) / reps
 
     def capture_all(self, mixed_max_seqs: int = 16) -> float:
         """Capture every decode bucket, and the prefill/mixed buckets of up to mixed_max_seqs
