@@ -11,7 +11,7 @@ from numba import cuda
 
 from gpu.backends.cuda.sampler import DeviceSampler
 from gpu.kernels import block_reduce
-from gpu.kernels.argmax import CHUNK, argmax_rows, argmax_scratch_size
+from gpu.kernels.argmax import CHUNK, WIDE_CHUNK, WIDE_ROWS, argmax_rows, argmax_scratch_size
 from gpu.kernels.sampling import PROMPT_BIT, penalty_counts
 from gpu.sampling import SamplingMetadata
 from gpu.sampling.numpy_sampler import sample as numpy_sample
@@ -139,6 +139,19 @@ def _check_argmax(logits: np.ndarray, seed: int) -> None:
 def test_argmax_rows():
     rng, seed = fresh_rng()
     _check_argmax(_argmax_logits(rng), seed)
+
+
+def test_argmax_rows_wide_chunks():
+    """WIDE_ROWS rows or more: 16 logits a thread, the same ties and edges."""
+    rng, seed = fresh_rng()
+    vocab = 2 * WIDE_CHUNK + WIDE_CHUNK // 3 + 7
+    logits = (rng.standard_normal((WIDE_ROWS + 1, vocab)) * 3).astype(np.float32)
+    logits[0, [5, 2 * WIDE_CHUNK + 1]] = 40.0  # tie across chunks: 5
+    logits[1, [WIDE_CHUNK + 9, WIDE_CHUNK + 9 + 256, WIDE_CHUNK + 300]] = 40.0  # one thread's
+    logits[2] = -np.inf
+    logits[3, vocab - 1] = 40.0
+    logits[4] = 1.0
+    _check_argmax(logits, seed)
 
 
 def test_argmax_rows_gpu_code_path():
