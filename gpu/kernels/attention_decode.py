@@ -147,6 +147,8 @@ def _blocks_per_sm() -> int:
 
 
 BLOCKS_PER_SM = _blocks_per_sm()  # read once, at import
+PIPELINE_ENV = "TINYCHAT_DECODE_PIPELINE"
+PIPELINE = os.environ.get(PIPELINE_ENV, "1").strip() != "0"  # read once, at import
 
 _ARGS = (
     "float32[:, ::1], uint64[:, :, :, ::1], uint64[:, :, :, ::1], int32[::1], int32[::1],"
@@ -170,9 +172,9 @@ def tile_tokens(head_dim: int) -> int:
 
 
 @functools.cache
-def decode_kernel(head_dim: int, group: int, block_size: int):
+def decode_kernel(head_dim: int, group: int, block_size: int, pipeline: bool = True):
     """The split-KV decode kernel (merge included) specialised for (head_dim, group,
-    block_size)."""
+    block_size); pipeline issues each tile's K and V loads one phase early."""
     check_shape(head_dim, group)
     # launch.SIMULATOR, not this module's SIMULATOR: the tests turn the latter off to run the
     # GPU code path in the simulator, which still cannot compile a real kernel.
@@ -266,16 +268,27 @@ def decode_kernel(head_dim: int, group: int, block_size: int):
         for u in range(UNROLL):
             t = min(start + u * slots + slot, last)
             blk[u] = block_tables[table + t // block_size]
-        for t0 in range(start, end, tile):
-            for u in range(UNROLL):  # UNROLL tokens x 2 words x (K, V), all in flight at once
-                off = min(t0 + u * slots + slot, last) % block_size
+        if pipeline:  # the first tile's K and V, and the next tile's blocks
+            for u in range(UNROLL):
+                off = min(start + u * slots + slot, last) % block_size
                 kw[2 * u] = k_cache[blk[u], off, kvh, lane]
                 kw[2 * u + 1] = k_cache[blk[u], off, kvh, lane + lanes]
                 vw[2 * u] = v_cache[blk[u], off, kvh, lane]
                 vw[2 * u + 1] = v_cache[blk[u], off, kvh, lane + lanes]
-            for u in range(UNROLL):  # the next tile's blocks, while this one computes
-                t = min(t0 + tile + u * slots + slot, last)
+            for u in range(UNROLL):
+                t = min(start + tile + u * slots + slot, last)
                 blk[u] = block_tables[table + t // block_size]
+        for t0 in range(start, end, tile):
+            if not pipeline:
+                for u in range(UNROLL):  # UNROLL tokens x 2 words x (K, V), all in flight
+                    off = min(t0 + u * slots + slot, last) % block_size
+                    kw[2 * u] = k_cache[blk[u], off, kvh, lane]
+                    kw[2 * u + 1] = k_cache[blk[u], off, kvh, lane + lanes]
+                    vw[2 * u] = v_cache[blk[u], off, kvh, lane]
+                    vw[2 * u + 1] = v_cache[blk[u], off, kvh, lane + lanes]
+                for u in range(UNROLL):  # the next tile's blocks, while this one computes
+                    t = min(t0 + tile + u * slots + slot, last)
+                    blk[u] = block_tables[table + t // block_size]
             # Partial scores over this lane's 8 dimensions, then summed over the token's lanes.
             for u in range(UNROLL):
                 for j in range(DIMS):
@@ -285,6 +298,11 @@ def decode_kernel(head_dim: int, group: int, block_size: int):
                     for j in range(DIMS):
                         dot += q[h * DIMS + j] * x[j]
                     s[u * group + h] = dot
+            if pipeline:  # the next tile's K, in flight during the softmax and P @ V
+                for u in range(UNROLL):
+                    off = min(t0 + tile + u * slots + slot, last) % block_size
+                    kw[2 * u] = k_cache[blk[u], off, kvh, lane]
+                    kw[2 * u + 1] = k_cache[blk[u], off, kvh, lane + lanes]
             if SIMULATOR:
                 for i in range(ns):
                     red[i, tid] = s[i]
@@ -326,6 +344,14 @@ def decode_kernel(head_dim: int, group: int, block_size: int):
                     den[h] += p
                     for j in range(DIMS):
                         acc[h * DIMS + j] += p * x[j]
+            if pipeline:  # the next tile's V (in flight during its scores), then the blocks
+                for u in range(UNROLL):  # of the tile after it
+                    off = min(t0 + tile + u * slots + slot, last) % block_size
+                    vw[2 * u] = v_cache[blk[u], off, kvh, lane]
+                    vw[2 * u + 1] = v_cache[blk[u], off, kvh, lane + lanes]
+                for u in range(UNROLL):
+                    t = min(t0 + 2 * tile + u * slots + slot, last)
+                    blk[u] = block_tables[table + t // block_size]
 
         # Merge the token slots: M = max of their m, weights 2^(m_slot - M).
         if lane == 0:
@@ -424,8 +450,8 @@ def decode_kernel(head_dim: int, group: int, block_size: int):
 
 # The specialisations of the preset models (Llama-3.2-1B: head_dim 64, group 4; SmolLM2-135M:
 # 64, 3), by name, for the sm_90 compile test; any other shape is built on first use.
-decode_kernel_llama32 = decode_kernel(64, 4, 16)
-decode_kernel_smollm2 = decode_kernel(64, 3, 16)
+decode_kernel_llama32 = decode_kernel(64, 4, 16, PIPELINE)
+decode_kernel_smollm2 = decode_kernel(64, 3, 16, PIPELINE)
 SIGNATURES = {
     "decode_kernel_llama32": [f"void({_ARGS})"],
     "decode_kernel_smollm2": [f"void({_ARGS})"],
@@ -505,7 +531,8 @@ def decode_attention(
         counters = seq_lens  # any int32 array: a one-split launch never counts
     # Four bf16 per 8-byte load: the same bytes, viewed as uint64 (no copy).
     k64, v64 = k_cache.view(np.uint64), v_cache.view(np.uint64)
-    decode_kernel(hd, group, block_size)[(num_seqs, nkv, num_splits), NTHREADS, stream](
+    kernel = decode_kernel(hd, group, block_size, PIPELINE)
+    kernel[(num_seqs, nkv, num_splits), NTHREADS, stream](
         qkv, k64, v64, block_tables, block_table_stride, query_start_loc, seq_lens,
         float(scale), num_splits, out, part_acc, part_ml, counters,
     )  # fmt: skip
