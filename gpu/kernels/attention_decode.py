@@ -27,6 +27,15 @@ The design, from the top:
   each other inside the loop: the main loop has no barrier and no shared memory at all. At the
   end of the split the slots are merged through shared memory (the same merge as split-KV:
   weights 2^(m_slot - M)), once per block.
+* Loads one phase early (PIPELINE, TINYCHAT_DECODE_PIPELINE=0 turns it off). Issued at the
+  top of each tile, the 16 KB of a block's loads are in flight only until its first use: during
+  the scores, the softmax and P @ V nothing is, and at 4 resident blocks an SM then has too
+  little in flight to cover the memory latency (batch 64 / 256 read KV at 1.75 TB/s). The
+  pipelined loop keeps the same registers busy longer instead of adding any: as soon as a
+  tile's scores are computed its K words are dead, so the next tile's K loads are issued into
+  them (in flight during the softmax and P @ V); as soon as P @ V is done the next tile's V
+  loads go out (in flight during the next scores). The block table is read two tiles ahead.
+  Past the end of the split the loads are clamped to the last token (cache hits, never used).
 * Compile-time specialisation. The kernel is built by a factory (decode_kernel) for each
   (head_dim, group, block_size, threads): every small loop has a constant trip count, LLVM
   unrolls it, and the per-thread arrays (q, accumulators, scores, loaded words) are indexed by
