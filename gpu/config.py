@@ -17,6 +17,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enforce_eager: bool = False  # cuda: never replay CUDA graphs (vLLM's name)
     seed: int = 0  # seeds the seeds of requests that bring none
+    # Launch step N+1 before waiting for step N's tokens (vLLM's async scheduling): the host's
+    # part of a step overlaps the device's. Same tokens either way; False: strictly serial.
+    async_scheduling: bool = True
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

@@ -6,6 +6,22 @@
 
 It knows nothing of the backend beyond the executor, so the same engine runs on numpy and on
 the GPU. Everything here is single-threaded; `EngineThread` runs it in the background.
+
+Async scheduling (vLLM v1's, EngineConfig.async_scheduling): the host part of a step (schedule,
+build the batch, process the outputs) would otherwise leave the GPU idle. So step() schedules
+and launches step N+1 while step N is still on the device, and only then waits for N's ids and
+processes them. N+1 cannot know the tokens N samples: each sampled sequence gets a placeholder
+(Sequence.num_pending) that the scheduler counts like a token, that N+1's embedding reads from
+the device (ForwardBatch.prev_rows), and that N's result replaces before the stop checks run.
+A sequence that stops on N's token has its token of N+1 discarded, as in vLLM.
+
+The engine falls back to the serial order (it drains: waits for and processes the step in
+flight before scheduling) when the next step needs real token ids on the host: a step in flight
+that samples with penalties (their history is the ids), or a preemption of a sequence holding a
+placeholder (recomputing it needs the ids). min_tokens bans need only counts, which the
+placeholders keep right, so they do not drain. Greedy and seeded sampling give the same tokens
+either way: the sampler's per-row RNG is keyed by (seed, number of tokens before), placeholders
+included.
 """
 
 from __future__ import annotations
@@ -13,19 +29,30 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from gpu.block_manager import BlockManager
 from gpu.config import EngineConfig
-from gpu.model_runner import Executor, ModelRunner
-from gpu.output_processor import append_token, make_output
+from gpu.model_runner import Executor, ModelRunner, StepResult
+from gpu.output_processor import make_output, resolve_token
 from gpu.outputs import EngineStats, RequestOutput, StepStats
 from gpu.sampling_params import SamplingParams
-from gpu.scheduler import Scheduler
+from gpu.scheduler import DrainNeeded, Scheduler, SchedulerOutput
 from gpu.sequence import Sequence, SequenceStatus
 from weights.detokenizer import IncrementalDetokenizer
+
+
+@dataclass(slots=True)
+class _LaunchedStep:
+    """A step on its way: what ran, who samples (row order), and the handle to their ids."""
+
+    sched: SchedulerOutput
+    sampled: list[Sequence]
+    handle: StepResult
+    needs_history: bool  # some row has penalties: the next step needs its real ids
 
 
 class LLMEngine:
@@ -65,6 +92,8 @@ class LLMEngine:
         self._pending: list[RequestOutput] = []  # outputs of aborts, delivered by the next step
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens generated) per step
         self.last_step = StepStats()
+        self.async_scheduling = config.async_scheduling
+        self._in_flight: _LaunchedStep | None = None  # launched, its ids not processed yet
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -136,53 +165,101 @@ class LLMEngine:
                 continue
             seq.finish_reason = "abort"
             self.scheduler.finish(seq)
+            seq.drop_placeholders()  # a token in flight is discarded, never reported
             out = make_output(seq, finished=True)
             if out is not None:
                 self._pending.append(out)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.requests) or bool(self._pending)
+        return bool(self.requests) or bool(self._pending) or self._in_flight is not None
 
     # --- the step -------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Schedule, run the model once, sample, and report what changed."""
+        """Schedule and launch the next step, then report what the previous one produced.
+
+        Serial (async_scheduling off): the step launched now is also the one processed. Async:
+        the step launched by the previous call is processed after this call's launch, so the
+        device computes while the host schedules; with nothing to launch, the step in flight is
+        still processed (a `while has_unfinished_requests(): step()` loop ends)."""
         outputs, self._pending = self._pending, []
         t0 = time.monotonic()
-        sched = self.scheduler.schedule()
-        if not sched.seqs:
-            return outputs
-        for seq in sched.admitted:  # only a newly admitted sequence can be scheduled first
-            if seq.metrics.first_scheduled_time is None:
-                seq.metrics.first_scheduled_time = t0
+        if self._in_flight is not None and self._in_flight.needs_history:
+            outputs += self._drain()
         try:
-            sampled, tokens = self.runner.run(sched)
-        except Exception as exc:  # fail this step's requests, keep the engine alive
-            return outputs + self.fail_requests(list(sched.seqs), exc)
+            sched = self.scheduler.schedule(protect_pending=self._in_flight is not None)
+        except DrainNeeded:  # a sequence with a token in flight would be preempted
+            outputs += self._drain()
+            sched = self.scheduler.schedule()
+        launched = None
+        if sched.seqs:
+            for seq in sched.admitted:  # only a newly admitted sequence can be scheduled first
+                if seq.metrics.first_scheduled_time is None:
+                    seq.metrics.first_scheduled_time = t0
+            try:
+                launched = self._launch(sched)
+            except Exception as exc:  # fail this step's requests, keep the engine alive
+                outputs += self._drain()  # the step before it is fine: its tokens count
+                return outputs + self.fail_requests(list(sched.seqs), exc)
+        outputs += self._drain()
+        if launched is not None:
+            if self.async_scheduling:
+                self._in_flight = launched
+            else:
+                outputs += self._process(launched)
+            self.last_step = StepStats(
+                batch_size=len(sched.seqs),
+                num_prefill_tokens=sched.num_prefill_tokens,
+                num_decode_tokens=sched.num_decode_tokens,
+                step_time=time.monotonic() - t0,
+            )
+        return outputs
 
+    def _launch(self, sched: SchedulerOutput) -> _LaunchedStep:
+        """Start the step; its tokens count as computed and its samples as placeholders from
+        now on, so the next schedule sees every sequence one token further."""
+        sampled, handle, md = self.runner.launch(sched)
         block_size = self.block_size
         register_full_blocks = self.block_manager.register_full_blocks
         for seq, n in zip(sched.seqs, sched.num_new_tokens, strict=True):
             seq.num_computed_tokens += n
             if n > 1 or seq.num_computed_tokens % block_size == 0:  # a block may have filled
-                register_full_blocks(seq)
+                register_full_blocks(seq)  # (a block holding a placeholder waits: see _process)
+        for row, seq in enumerate(sampled):
+            seq.append_placeholder(row)
+        return _LaunchedStep(sched, sampled, handle, md.has_penalties)
+
+    def _drain(self) -> list[RequestOutput]:
+        """Wait for the step in flight, if any, and process its outputs."""
+        launched, self._in_flight = self._in_flight, None
+        return [] if launched is None else self._process(launched)
+
+    def _process(self, step: _LaunchedStep) -> list[RequestOutput]:
+        """Wait for step's ids and put them in place of its placeholders; stop checks,
+        detokenization and outputs follow. A sequence that finished or was aborted since the
+        launch (a token it did not need) is skipped: its token is discarded."""
+        try:
+            tokens = step.handle.result()
+        except Exception as exc:  # fail that step's requests, keep the engine alive
+            return self.fail_requests(list(step.sched.seqs), exc)
         now = time.monotonic()
-        for seq, token in zip(sampled, tokens.tolist(), strict=True):
-            append_token(seq, token, now)
+        outputs: list[RequestOutput] = []
+        block_size = self.block_size
+        register_full_blocks = self.block_manager.register_full_blocks
+        finished_status = SequenceStatus.FINISHED
+        for seq, token in zip(step.sampled, tokens.tolist(), strict=True):
+            if seq.status is finished_status:
+                continue
+            resolve_token(seq, token, now)
             finished = seq.finish_reason is not None
             if finished:
                 self.scheduler.finish(seq)
                 del self.requests[seq.request_id]
+            elif seq.num_computed_tokens // block_size > len(seq.block_hashes):
+                register_full_blocks(seq)  # a full block whose last token was in flight
             out = make_output(seq, finished)
             if out is not None:
                 outputs.append(out)
-
-        self.last_step = StepStats(
-            batch_size=len(sched.seqs),
-            num_prefill_tokens=sched.num_prefill_tokens,
-            num_decode_tokens=sched.num_decode_tokens,
-            step_time=now - t0,
-        )
-        self._recent.append((now, len(sampled)))
+        self._recent.append((now, len(step.sampled)))
         while self._recent and now - self._recent[0][0] > 2.0:
             self._recent.popleft()
         return outputs
@@ -195,6 +272,7 @@ class LLMEngine:
                 continue
             seq.finish_reason, seq.error = "error", message
             self.scheduler.finish(seq)
+            seq.drop_placeholders()
             self.requests.pop(seq.request_id, None)
             out = make_output(seq, finished=True)
             if out is not None:

@@ -11,17 +11,31 @@ import numpy as np
 from gpu.backends.base import Backend
 from gpu.forward_batch import ForwardBatch
 from gpu.model import LlamaModel
+from gpu.model_runner import ReadyResult
 from gpu.sampling import SamplingMetadata
+
+_NONE = np.zeros(0, dtype=np.int32)
 
 
 class EagerExecutor:
+    """launch() computes the whole step at once (numpy has nothing to overlap with) and keeps
+    its sampled ids: the next step's tokens in flight (batch.prev_rows) are read from them."""
+
     def __init__(self, model: LlamaModel, backend: Backend) -> None:
         self.model = model
         self.backend = backend
+        self.sampled_prev = _NONE  # the last step's sampled ids
 
-    def execute(self, batch: ForwardBatch, metadata: SamplingMetadata) -> np.ndarray:
+    def launch(self, batch: ForwardBatch, metadata: SamplingMetadata) -> ReadyResult:
         num_logits = metadata.num_rows
+        batch.sampled_prev = self.sampled_prev
         logits = self.model.forward(batch, num_logits)
         if num_logits == 0:
-            return np.zeros(0, dtype=np.int32)
-        return self.backend.sample(logits, metadata)
+            tokens = _NONE
+        else:
+            tokens = self.backend.sample(logits, metadata)
+        self.sampled_prev = tokens
+        return ReadyResult(tokens)
+
+    def execute(self, batch: ForwardBatch, metadata: SamplingMetadata) -> np.ndarray:
+        return self.launch(batch, metadata).result()

@@ -7,6 +7,12 @@ end to end, and per-sequence metadata says where each sequence's queries start
 live (`block_tables`) and where each new token's K and V go (`slot_mapping`). This is vLLM's
 attention metadata, and both backends read the same arrays (host numpy arrays for the cpu
 backend, device buffers for the cuda one).
+
+Async scheduling adds one indirection to the token ids: a decode token sampled by the previous
+step, still in flight when this step was built, is not known on the host. Its row of
+`prev_rows` names the row of the previous step's sampled ids that holds it (-1: the id is in
+`input_ids`), and the embedding reads it from `sampled_prev`, the executor's buffer of those
+ids (on the GPU it never leaves the device).
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ class ForwardBatch:
     logits_indices: Any  # [S] int32: rows whose next token is sampled (the last of a sequence)
     max_query_len: int  # 1 for a pure decode step
     max_seq_len: int
+    prev_rows: Any = None  # [T] int32: row of sampled_prev holding token t, or -1 (None: all -1)
+    sampled_prev: Any = None  # [S_prev] int32: the previous step's sampled ids (set by executor)
 
     @property
     def is_decode(self) -> bool:

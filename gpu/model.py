@@ -71,7 +71,7 @@ class LlamaModel:
         qkv, attn_out = self.qkv[:t], self.attn_out[:t]
         gate_up, mlp_act = self.gate_up[:t], self.mlp_act[:t]
 
-        ops.embed(batch.input_ids, w.embed_tokens, residual)
+        ops.embed(batch.input_ids, w.embed_tokens, residual, batch.prev_rows, batch.sampled_prev)
         for i, layer in enumerate(w.layers):
             k_cache, v_cache = self.kv_caches[i]
             ops.rmsnorm_qkv_rope(

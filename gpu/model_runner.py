@@ -22,10 +22,32 @@ from gpu.scheduler import SchedulerOutput
 from gpu.sequence import Sequence
 
 
+class StepResult(Protocol):
+    """A launched step: result() waits for its sampled ids (one per sampled row)."""
+
+    def result(self) -> np.ndarray: ...
+
+
 class Executor(Protocol):
-    """Runs a prepared batch on a backend and returns one sampled token per sampled row."""
+    """Runs a prepared batch on a backend and returns one sampled token per sampled row.
+
+    `launch` (optional) starts the step and returns at once; `execute` is launch().result().
+    Either way the executor keeps the last step's sampled ids where the next step's embedding
+    reads them (ForwardBatch.prev_rows / sampled_prev)."""
 
     def execute(self, batch: ForwardBatch, metadata: SamplingMetadata) -> np.ndarray: ...
+
+
+class ReadyResult:
+    """The result of a step computed at launch (the cpu backend, test stubs)."""
+
+    __slots__ = ("tokens",)
+
+    def __init__(self, tokens: np.ndarray) -> None:
+        self.tokens = tokens
+
+    def result(self) -> np.ndarray:
+        return self.tokens
 
 
 def build_forward_batch(
@@ -39,6 +61,9 @@ def build_forward_batch(
     Only what must be read off each sequence (its computed length, its new token ids, its
     block-table row) is gathered in Python; positions, slots, lengths and the padded block
     table are then computed with numpy for the whole batch at once.
+
+    A placeholder id -(1 + r) (a token still in flight, see Sequence) becomes input id 0 with
+    prev_rows r; every known id gets prev_rows -1. Two vector ops, no per-sequence test.
     """
     seqs = sched.seqs
     num_seqs = len(seqs)
@@ -78,6 +103,8 @@ def build_forward_batch(
         # starts[b] + (j - query_start_loc[b]).
         offsets = starts - query_start_loc[:-1]
         positions = np.arange(num_tokens, dtype=np.int32) + offsets[token_rows]
+    prev_rows = np.maximum(-1 - input_ids, -1)  # r for -(1 + r), -1 for a real id
+    np.maximum(input_ids, 0, out=input_ids)
     max_blocks = max(int(table_rows.lens[rows].max()), 1)
     block_tables = table_rows.array[:, :max_blocks][rows]
     block_index, offset = np.divmod(positions, np.int32(block_size))
@@ -94,6 +121,7 @@ def build_forward_batch(
         logits_indices=logits_indices,
         max_query_len=max_query_len,
         max_seq_len=int(seq_lens.max()),
+        prev_rows=prev_rows,
     )
     return batch, sampled
 
@@ -117,7 +145,12 @@ def _greedy_metadata(num_rows: int) -> SamplingMetadata:
 
 
 def build_sampling_metadata(seqs: list[Sequence]) -> SamplingMetadata:
-    """Per-row sampling parameters; token history only when some row has a penalty."""
+    """Per-row sampling parameters; token history only when some row has a penalty.
+
+    Counts include a placeholder still in flight (len(output_token_ids)): the RNG's step and
+    min_tokens need only how many tokens came before, not what they are. Token histories
+    (penalties) do need the ids: the engine never runs such a step with a token in flight.
+    """
     n = len(seqs)
     if all(len(s.output_token_ids) >= s.argmax_from for s in seqs):
         return _greedy_metadata(n)
@@ -131,14 +164,14 @@ def build_sampling_metadata(seqs: list[Sequence]) -> SamplingMetadata:
         presence_penalty=np.array([p.presence_penalty for p in params], np.float32),
         frequency_penalty=np.array([p.frequency_penalty for p in params], np.float32),
         seed=np.array([s.seed for s in seqs], np.uint64),
-        step=np.array([s.num_output_tokens for s in seqs], np.uint64),
+        step=np.array([len(s.output_token_ids) for s in seqs], np.uint64),
     )
     if any(p.has_penalties for p in params):
         md.prompt_token_ids = [np.asarray(s.prompt_token_ids, np.int32) for s in seqs]
         md.output_token_ids = [np.asarray(s.output_token_ids, np.int32) for s in seqs]
     banned = []
     for s in seqs:
-        if s.num_output_tokens < s.params.min_tokens:
+        if len(s.output_token_ids) < s.params.min_tokens:
             ids = set(s.params.all_stop_token_ids)
             if not s.params.ignore_eos:
                 ids |= s.eos_token_ids
@@ -157,12 +190,22 @@ class ModelRunner:
         self.executor = executor
         self.block_size = block_size
         self.table_rows = table_rows  # the block manager's: read, never written, here
+        # An executor with only execute() (a test stub, a wrapper) computes at launch.
+        self._launch = getattr(executor, "launch", None)
 
-    def run(self, sched: SchedulerOutput) -> tuple[list[Sequence], np.ndarray]:
+    def launch(self, sched: SchedulerOutput) -> tuple[list[Sequence], StepResult, SamplingMetadata]:
+        """Build and start the step; returns the sequences that sample (in row order), the
+        handle to their ids, and the step's sampling metadata."""
         batch, sampled = build_forward_batch(sched, self.block_size, self.table_rows)
         if not sampled:  # only prefill chunks that end mid-prompt: nothing to sample
             md = SamplingMetadata.greedy(0)
         else:
             md = build_sampling_metadata(sampled)
-        tokens = self.executor.execute(batch, md)
-        return sampled, tokens
+        if self._launch is not None:
+            return sampled, self._launch(batch, md), md
+        return sampled, ReadyResult(self.executor.execute(batch, md)), md
+
+    def run(self, sched: SchedulerOutput) -> tuple[list[Sequence], np.ndarray]:
+        """launch and wait: the serial step."""
+        sampled, handle, _ = self.launch(sched)
+        return sampled, handle.result()

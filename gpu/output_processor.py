@@ -24,6 +24,23 @@ def append_token(seq: Sequence, token: int, now: float) -> None:
     """Add one sampled token to seq and finish it if a stop condition holds."""
     seq.output_token_ids.append(token)
     seq.token_ids.append(token)
+    _token_arrived(seq, token, now)
+
+
+def resolve_token(seq: Sequence, token: int, now: float) -> None:
+    """Async scheduling: seq's oldest placeholder (its token of the step whose result is in)
+    becomes `token`, and the stop checks run as for append_token. If seq ends on it, the token
+    a later step is already computing for it is discarded: never appended, never reported."""
+    pending = seq.num_pending
+    seq.output_token_ids[-pending] = token
+    seq.token_ids[-pending] = token
+    seq.num_pending = pending - 1
+    _token_arrived(seq, token, now)
+    if seq.num_pending and seq.finish_reason is not None:
+        seq.drop_placeholders()
+
+
+def _token_arrived(seq: Sequence, token: int, now: float) -> None:
     m = seq.metrics
     if m.first_token_time is None:
         m.first_token_time = now
@@ -32,7 +49,7 @@ def append_token(seq: Sequence, token: int, now: float) -> None:
     if (
         token in seq.finishing_token_ids
         or seq.stop_strings
-        or len(seq.token_ids) >= seq.length_limit
+        or len(seq.token_ids) - seq.num_pending >= seq.length_limit
     ):
         _check_stop_conditions(seq, token)
     elif seq.detokenizer is not None:
@@ -42,9 +59,10 @@ def append_token(seq: Sequence, token: int, now: float) -> None:
 
 
 def _check_stop_conditions(seq: Sequence, token: int) -> None:
-    """Every stop condition, in order: EOS, stop token, stop string, length."""
+    """Every stop condition, in order: EOS, stop token, stop string, length. Counts only the
+    tokens known on the host (a placeholder of a later step in flight is not there yet)."""
     params = seq.params
-    n_out = len(seq.output_token_ids)
+    n_out = len(seq.output_token_ids) - seq.num_pending
     if n_out >= params.min_tokens:
         if not params.ignore_eos and token in seq.eos_token_ids:
             seq.finish_reason = "stop"
@@ -58,7 +76,7 @@ def _check_stop_conditions(seq: Sequence, token: int) -> None:
     if seq.finish_reason is None:
         if params.max_tokens is not None and n_out >= params.max_tokens:
             seq.finish_reason = "length"
-        elif seq.num_tokens >= seq.max_model_len:
+        elif len(seq.token_ids) - seq.num_pending >= seq.max_model_len:
             seq.finish_reason = "length"
     if seq.finish_reason is not None and seq.stop_reason is None and seq.detokenizer is not None:
         seq.output_text += seq.detokenizer.flush()  # a character left unfinished at the end
@@ -94,16 +112,17 @@ def make_output(seq: Sequence, finished: bool) -> RequestOutput | None:
         return None
     output_text = seq.output_text
     end = visible_text_end(seq) if seq.stop_strings else len(output_text)
+    num_known = len(seq.output_token_ids) - seq.num_pending  # not a token still in flight
     if kind is _DELTA:
         text = output_text[seq.num_text_sent : end]
-        token_ids = seq.output_token_ids[seq.num_tokens_sent :]
+        token_ids = seq.output_token_ids[seq.num_tokens_sent : num_known]
         if not text and not token_ids and not finished:
             return None
     else:
         text = output_text[:end]
-        token_ids = seq.output_token_ids.copy()
+        token_ids = seq.output_token_ids[:num_known]
     seq.num_text_sent = end
-    seq.num_tokens_sent = len(seq.output_token_ids)
+    seq.num_tokens_sent = num_known
     if finished:
         seq.metrics.finished_time = time.monotonic()
         seq.metrics.num_cached_tokens = seq.num_cached_tokens

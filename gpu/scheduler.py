@@ -11,6 +11,13 @@ When the KV cache has no block for a running sequence, the most recently admitte
 preempted: its blocks are freed and it goes back to the front of the waiting queue, to be
 recomputed later (its prompt and the tokens it already generated are prefilled again, mostly
 from the prefix cache).
+
+Async scheduling (see LLMEngine.step): while a step is in flight, some sequences end in a
+placeholder token (Sequence.num_pending). They are scheduled like any decode, since their
+lengths already count the placeholder, with two exceptions: one whose placeholder reaches its
+length limit is not scheduled (that token ends it, whatever it is), and one with a placeholder
+is never preempted (recomputing it needs its real tokens): the scheduler raises DrainNeeded
+instead, and the engine waits for the step in flight and schedules again.
 """
 
 from __future__ import annotations
@@ -20,6 +27,10 @@ from dataclasses import dataclass, field
 
 from gpu.block_manager import BlockManager
 from gpu.sequence import Sequence, SequenceStatus
+
+
+class DrainNeeded(Exception):
+    """Scheduling must preempt a sequence whose last token is still in flight."""
 
 
 @dataclass
@@ -68,6 +79,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last is the newest
         self.num_preemptions = 0
+        self.protect_pending = False  # set by each schedule()
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -75,7 +87,11 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, protect_pending: bool = False) -> SchedulerOutput:
+        """The next step's work. protect_pending: a step is in flight, so raise DrainNeeded
+        rather than preempt a sequence holding a placeholder (blocks already given to others
+        stay theirs: allocation is by need, so scheduling again reuses them)."""
+        self.protect_pending = protect_pending
         out = SchedulerOutput()
         seqs, num_new_tokens = out.seqs, out.num_new_tokens
         budget = self.max_num_batched_tokens
@@ -93,6 +109,8 @@ class Scheduler:
                 continue
             if len(seq.token_ids) - seq.num_computed_tokens != 1:
                 prefills.append(seq)
+                continue
+            if len(seq.token_ids) >= seq.length_limit:  # its token in flight is its last
                 continue
             if seq.num_computed_tokens >= len(seq.block_table) * bs:  # its blocks are full
                 budget += self._allocate_or_preempt(seq, 1, out)
@@ -148,6 +166,8 @@ class Scheduler:
         reclaimed = 0
         while not self.block_manager.allocate(seq, n):
             victim = self.running[-1]
+            if self.protect_pending and victim.num_pending:
+                raise DrainNeeded(victim.request_id)
             reclaimed += self._preempt(victim, out)
             if victim is seq:
                 break

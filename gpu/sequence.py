@@ -12,6 +12,11 @@ from gpu.sampling_params import SamplingParams
 _NEVER = 1 << 62  # an output length no request reaches
 
 
+def placeholder(row: int) -> int:
+    """The stand-in id of a token in flight, sampled into row `row` of its step's output."""
+    return -1 - row
+
+
 class SequenceStatus(enum.Enum):
     WAITING = enum.auto()  # not admitted yet, or preempted and waiting to be recomputed
     RUNNING = enum.auto()  # holds KV blocks; prefilling in chunks or decoding
@@ -24,6 +29,13 @@ class Sequence:
     `num_computed_tokens` counts the leading tokens whose K and V are in the cache. While it is
     below `num_tokens` the sequence is prefilling (in chunks); when the last token is computed,
     the step samples the next one, which is then the only uncomputed token (decode).
+
+    Async scheduling: a token sampled by a step still running on the device is not known on the
+    host yet. It is held as a placeholder at the end of `token_ids` and `output_token_ids`
+    (`num_pending` of them, at most two: one per step in flight or just finished), so lengths,
+    positions and block allocation already count it. A placeholder is the negative id
+    `placeholder(row)` = -(1 + row), row being the token's row in that step's sampled ids:
+    the next step's input builder reads the row straight from the id (see model_runner).
     """
 
     __slots__ = (
@@ -54,6 +66,7 @@ class Sequence:
         "length_limit",
         "stop_strings",
         "argmax_from",
+        "num_pending",
     )
 
     def __init__(
@@ -108,6 +121,7 @@ class Sequence:
         # penalties, no banned ids): a step where every row is so skips the sampling arrays.
         plain = params.greedy and not params.has_penalties
         self.argmax_from = params.min_tokens if plain else _NEVER
+        self.num_pending = 0  # placeholders at the end of token_ids (async scheduling)
 
     @property
     def num_tokens(self) -> int:
@@ -119,7 +133,8 @@ class Sequence:
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self.output_token_ids)
+        """Output tokens known on the host (a placeholder of a step in flight not counted)."""
+        return len(self.output_token_ids) - self.num_pending
 
     @property
     def is_finished(self) -> bool:
@@ -128,6 +143,20 @@ class Sequence:
     def append_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self.token_ids.append(token_id)
+
+    def append_placeholder(self, row: int) -> None:
+        """The step just launched samples this sequence's next token into `row`."""
+        token = placeholder(row)
+        self.output_token_ids.append(token)
+        self.token_ids.append(token)
+        self.num_pending += 1
+
+    def drop_placeholders(self) -> None:
+        """Forget the tokens still in flight (the sequence ended first: they are discarded)."""
+        if self.num_pending:
+            del self.token_ids[-self.num_pending :]
+            del self.output_token_ids[-self.num_pending :]
+            self.num_pending = 0
 
     def __repr__(self) -> str:
         return (

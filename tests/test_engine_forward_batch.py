@@ -1,5 +1,6 @@
 """The runner's vectorised batch equals the plain per-sequence definition of a ForwardBatch, step
-after step, through chunked prefill, prefix-cache hits, preemption and aborts."""
+after step, through chunked prefill, prefix-cache hits, preemption and aborts (with async
+scheduling, the engine's default: tokens still in flight come through prev_rows)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ FIELDS = (
     "seq_lens",
     "block_tables",
     "logits_indices",
+    "prev_rows",
 )
 
 
@@ -29,7 +31,9 @@ def reference_batch(scheduled, block_size: int) -> dict:
     for seq, n in scheduled:
         start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
         for pos in range(start, end):
-            out["input_ids"].append(seq.token_ids[pos])
+            token = seq.token_ids[pos]  # a token in flight: -(1 + its row in the last step)
+            out["input_ids"].append(max(token, 0))
+            out["prev_rows"].append(-1 - token if token < 0 else -1)
             out["positions"].append(pos)
             block = seq.block_table[pos // block_size]
             out["slot_mapping"].append(block * block_size + pos % block_size)
@@ -53,6 +57,7 @@ class CheckingExecutor(ScriptedExecutor):
         super().__init__(script)
         self.engine_ref = engine_ref
         self.checked = 0
+        self.in_flight_rows = 0
 
     def execute(self, batch, metadata):
         engine = self.engine_ref[0]
@@ -66,6 +71,7 @@ class CheckingExecutor(ScriptedExecutor):
             assert getattr(batch, name) == expected[name], name
             assert type(getattr(batch, name)) is int, name
         self.checked += 1
+        self.in_flight_rows += int((batch.prev_rows >= 0).sum())
         return super().execute(batch, metadata)
 
 
@@ -108,8 +114,8 @@ def run_and_check(rng, arrivals: float = 0.3, **engine_args):
     engine_ref.append(engine)
     schedule = engine.scheduler.schedule
 
-    def recording_schedule():
-        engine.last_schedule = schedule()
+    def recording_schedule(**kwargs):
+        engine.last_schedule = schedule(**kwargs)
         return engine.last_schedule
 
     engine.scheduler.schedule = recording_schedule
@@ -128,6 +134,7 @@ def run_and_check(rng, arrivals: float = 0.3, **engine_args):
     while engine.has_unfinished_requests():
         engine.step()
     assert executor.checked > 100
+    assert executor.in_flight_rows > 0  # some steps read tokens still in flight
     assert engine.stats().prefix_cache_hits > 0
     assert engine.block_manager.num_used_blocks == 0
     return engine

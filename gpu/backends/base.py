@@ -50,8 +50,17 @@ class Backend(Protocol):
     def synchronize(self) -> None: ...
 
     # --- the forward --------------------------------------------------------------------
-    def embed(self, input_ids: Array, table: Array, out: Array) -> None:
-        """out[t] = table[input_ids[t]] (as float32)."""
+    def embed(
+        self,
+        input_ids: Array,
+        table: Array,
+        out: Array,
+        prev_rows: Array | None = None,
+        sampled_prev: Array | None = None,
+    ) -> None:
+        """out[t] = table[token] (as float32), token = sampled_prev[prev_rows[t]] where
+        prev_rows[t] >= 0 (a token the previous step sampled on the device: async scheduling),
+        else input_ids[t]. prev_rows None: every token is input_ids[t]."""
 
     def rmsnorm(self, x: Array, weight: Array, eps: float, out: Array) -> None:
         """out = x / sqrt(mean(x**2) + eps) * weight, row by row."""

@@ -66,7 +66,19 @@ class CpuBackend(ComposedOps):
         pass
 
     # --- the forward --------------------------------------------------------------------
-    def embed(self, input_ids: np.ndarray, table: np.ndarray, out: np.ndarray) -> None:
+    def embed(
+        self,
+        input_ids: np.ndarray,
+        table: np.ndarray,
+        out: np.ndarray,
+        prev_rows: np.ndarray | None = None,
+        sampled_prev: np.ndarray | None = None,
+    ) -> None:
+        if prev_rows is not None and prev_rows.size and prev_rows.max() >= 0:
+            in_flight = prev_rows >= 0
+            input_ids = np.where(
+                in_flight, sampled_prev[np.where(in_flight, prev_rows, 0)], input_ids
+            )
         np.take(table, input_ids, axis=0, out=out)
 
     def rmsnorm(self, x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:

@@ -171,8 +171,10 @@ class CudaBackend(ComposedOps):
                 raise RuntimeError(f"CUDA error in {op}: {exc}") from exc
 
     # --- the forward --------------------------------------------------------------------
-    def embed(self, input_ids: Any, table: Any, out: Any) -> None:
-        embedding.embed(input_ids, table, out, self.stream)
+    def embed(
+        self, input_ids: Any, table: Any, out: Any, prev_rows: Any = None, sampled_prev: Any = None
+    ) -> None:
+        embedding.embed(input_ids, table, out, self.stream, prev_rows, sampled_prev)
         self.check("embed")
 
     def rmsnorm(self, x: Any, weight: Any, eps: float, out: Any) -> None:

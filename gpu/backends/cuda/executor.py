@@ -12,6 +12,15 @@ block_tables[b * stride[0] + j], so no launch depends on the width and a graph c
 stays valid when sequences grow. A step allocates nothing and synchronises once, at the end,
 to read the sampled ids. That is the shape issue 5 captures into CUDA graphs per batch-size
 bucket.
+
+Async scheduling: `launch` enqueues all of that, the copy of the sampled ids into pinned memory
+and an event after it, and returns at once; `DeviceResult.result()` waits for the event. The
+engine launches step N+1 before it reads step N's ids, so the host prepares N+1 while N runs.
+Two things then must not be overwritten too early: the pinned input staging (the next launch
+waits for an event recorded after the previous upload, which the GPU passes as soon as that
+step starts) and the pinned output (two buffers, alternating: see DeviceSampler). Step N+1's
+tokens sampled by N never visit the host: prev_rows points the embedding at the sampler's
+device output of step N, which N+1 reads before its own sampler overwrites it.
 """
 
 from __future__ import annotations
@@ -24,12 +33,15 @@ import numpy as np
 from numba import cuda
 
 from gpu.backends.cuda.graphs import CudaGraph, bucket_for, capture_buckets, token_buckets
-from gpu.backends.cuda.sampler import DeviceSampler, sampler_fields
+from gpu.backends.cuda.sampler import DeviceResult, DeviceSampler, sampler_fields
 from gpu.backends.cuda.staging import Staging
 from gpu.forward_batch import ForwardBatch
 from gpu.kernels.launch import SIMULATOR
 from gpu.model import LlamaModel
+from gpu.model_runner import ReadyResult
 from gpu.sampling import SamplingMetadata
+
+_NONE = np.zeros(0, dtype=np.int32)
 
 
 @dataclass
@@ -48,6 +60,7 @@ def batch_fields(max_tokens: int, max_seqs: int, max_blocks_per_seq: int) -> lis
         ("query_start_loc", np.int32, (max_seqs + 1,)),
         ("seq_lens", np.int32, (max_seqs,)),
         ("logits_indices", np.int32, (max_seqs,)),
+        ("prev_rows", np.int32, (max_tokens,)),  # -1: the token is input_ids[t]
         ("block_table_stride", np.int32, (1,)),
         ("block_tables", np.int32, (max_seqs * max_blocks_per_seq,)),  # last: variable length
     ]
@@ -61,6 +74,7 @@ class StepInputs:
         self.max_blocks_per_seq = max_blocks_per_seq
         fields = sampler_fields(max_seqs) + batch_fields(max_tokens, max_seqs, max_blocks_per_seq)
         self.staging = Staging(fields, stream)
+        self.sampled_prev = None  # the sampler's device output (set by the executor)
 
     def stage(self, batch: ForwardBatch) -> int:
         """Write the batch into the pinned fields; returns the bytes to copy."""
@@ -73,6 +87,7 @@ class StepInputs:
             )
         h = self.staging.host
         h["input_ids"][:t] = batch.input_ids
+        h["prev_rows"][:t] = -1 if batch.prev_rows is None else batch.prev_rows
         h["positions"][:t] = batch.positions
         h["slot_mapping"][:t] = batch.slot_mapping
         h["query_start_loc"][: s + 1] = batch.query_start_loc
@@ -87,6 +102,7 @@ class StepInputs:
         """Rows n..rows-1 of a padded decode step: no KV write, an empty context."""
         h = self.staging.host
         h["input_ids"][n:rows] = 0
+        h["prev_rows"][n:rows] = -1
         h["positions"][n:rows] = 0
         h["slot_mapping"][n:rows] = -1
         h["query_start_loc"][n + 1 : rows + 1] = np.arange(n + 1, rows + 1, dtype=np.int32)
@@ -99,6 +115,7 @@ class StepInputs:
         rows and no context, padding logits rows read row 0."""
         h = self.staging.host
         h["input_ids"][t:tokens] = 0
+        h["prev_rows"][t:tokens] = -1
         h["positions"][t:tokens] = 0
         h["slot_mapping"][t:tokens] = -1
         h["query_start_loc"][s + 1 : seqs + 1] = t
@@ -122,6 +139,8 @@ class StepInputs:
             logits_indices=d["logits_indices"][:seqs],
             max_query_len=max_query_len,
             max_seq_len=0,  # not read by the kernels: shapes come from seq_lens
+            prev_rows=d["prev_rows"][:tokens],
+            sampled_prev=self.sampled_prev,
             block_table_stride=d["block_table_stride"],
         )
 
@@ -141,6 +160,8 @@ class StepInputs:
             logits_indices=d["logits_indices"][: len(batch.logits_indices)],
             max_query_len=batch.max_query_len,
             max_seq_len=batch.max_seq_len,
+            prev_rows=d["prev_rows"][:t],
+            sampled_prev=self.sampled_prev,
             block_table_stride=d["block_table_stride"],
         )
 
@@ -166,6 +187,10 @@ class CudaExecutor:
         max_blocks = -(-max_positions // block_size)
         self.inputs = StepInputs(max_tokens, max_seqs, max_blocks, backend.stream)
         self.sampler = DeviceSampler(max_seqs, vocab, backend.stream, self.inputs.staging)
+        self.inputs.sampled_prev = self.sampler.out
+        # Recorded after each upload: the pinned staging may be rewritten once it has passed.
+        self._uploaded = cuda.event()
+        self._upload_pending = False
         backend.reserve_attention_scratch(
             max_seqs, model.num_heads, model.num_kv_heads, model.head_dim
         )
@@ -184,27 +209,46 @@ class CudaExecutor:
         self.capture_time_s = 0.0
 
     def execute(self, batch: ForwardBatch, metadata: SamplingMetadata) -> np.ndarray:
+        """Run the step and wait for its sampled ids (the serial step)."""
+        return self.launch(batch, metadata).result()
+
+    def launch(self, batch: ForwardBatch, metadata: SamplingMetadata) -> DeviceResult | ReadyResult:
+        """Enqueue the step (upload, forward, sampler, copy of the ids back) and return at once;
+        the handle's result() waits for the ids. At most two results may be unread at a time
+        (the sampler's two pinned buffers): the engine reads step N's before launching N+2."""
+        self._wait_for_upload()
         bucket = self._decode_bucket(batch, metadata)
         if bucket is not None:
             key = ("decode", bucket, metadata.all_greedy)
-            return self._execute_padded(batch, metadata, key, bucket)
+            return self._launch_padded(batch, metadata, key, bucket)
         mixed = self._mixed_bucket(batch, metadata)
         if mixed is not None:
             tokens, seqs = mixed
             key = ("mixed", tokens, seqs, metadata.all_greedy or metadata.num_rows == 0)
-            return self._execute_padded(batch, metadata, key, seqs)
+            return self._launch_padded(batch, metadata, key, seqs)
         nbytes = self.inputs.stage(batch)
         num_logits = metadata.num_rows
         if num_logits:
             self.sampler.stage(metadata)
-        self.inputs.staging.upload(nbytes)
+        self._upload(nbytes)
         logits = self.model.forward(self.inputs.device_batch(batch), num_logits)
         if num_logits == 0:
-            self.backend.synchronize()
-            return np.zeros(0, dtype=np.int32)
+            return ReadyResult(_NONE)
         self.sampler.launch(logits)
         self.backend.check("sample")
-        return self.sampler.fetch(num_logits)
+        return self.sampler.fetch_async(num_logits)
+
+    def _upload(self, nbytes: int) -> None:
+        self.inputs.staging.upload(nbytes)
+        self._uploaded.record(self.backend.stream)
+        self._upload_pending = True
+
+    def _wait_for_upload(self) -> None:
+        """Before the pinned staging is written again: its last copy must have run (at the
+        start of the previous step on the device, so this rarely waits)."""
+        if self._upload_pending:
+            self._uploaded.synchronize()
+            self._upload_pending = False
 
     # --- decode: padded to a bucket, replayed from a graph --------------------------------
     def _decode_bucket(self, batch: ForwardBatch, md: SamplingMetadata) -> int | None:
@@ -215,9 +259,9 @@ class CudaExecutor:
             return None  # variable-length sampling inputs: eager
         return bucket_for(batch.num_seqs, self.buckets)
 
-    def _execute_padded(self, batch: ForwardBatch, md: SamplingMetadata, key: tuple, rows: int):
+    def _launch_padded(self, batch: ForwardBatch, md: SamplingMetadata, key: tuple, rows: int):
         """Stage the step, pad it to its bucket (`rows` sequences), replay (or run and
-        capture) the bucket's graph, and read the sampled ids back."""
+        capture) the bucket's graph, and start the copy of the sampled ids back."""
         n = md.num_rows
         nbytes = self.inputs.stage(batch)
         if key[0] == "decode":
@@ -227,11 +271,11 @@ class CudaExecutor:
         if n:
             self.sampler.stage(md)
         self.sampler.pad(n, rows)
-        self.inputs.staging.upload(nbytes)
+        self._upload(nbytes)
         self._run(key)
         if n == 0:
-            self.backend.synchronize()
-        return self.sampler.fetch(n)
+            return ReadyResult(_NONE)
+        return self.sampler.fetch_async(n)
 
     # --- prefill and mixed steps: padded to (tokens, seqs), replayed from a graph ---------
     def _mixed_bucket(self, batch: ForwardBatch, md: SamplingMetadata) -> tuple | None:
@@ -259,7 +303,8 @@ class CudaExecutor:
         self.inputs.staging.host["query_start_loc"][0] = 0
         self.inputs.staging.host["block_table_stride"][0] = 0
         self.sampler.pad(0, rows)
-        self.inputs.staging.upload(self.inputs.staging.end_of("block_tables", 0))
+        self._wait_for_upload()
+        self._upload(self.inputs.staging.end_of("block_tables", 0))
 
     # --- graphs -------------------------------------------------------------------------
     def _run(self, key: tuple) -> None:

@@ -6,6 +6,10 @@ gpu/kernels/sampling.py for their rows) -> one copy with the rest of the step's 
 penalty_counts (only when some row has a token history) -> sample_kernel -> ids -> pinned ->
 host. Banned ids and token histories are variable-length, so they go in their own device
 buffers, copied only on the steps that have them (min_tokens, penalties: the eager path).
+
+The ids come back asynchronously (fetch_async): a copy into pinned memory and an event after
+it. Async scheduling launches step N+1 before reading step N's ids, so two pinned buffers
+alternate: N+1's copy never lands on ids of N that are not read yet.
 """
 
 from __future__ import annotations
@@ -27,6 +31,20 @@ def sampler_fields(max_rows: int) -> list[tuple[str, type, tuple[int, ...]]]:
     ]
 
 
+class DeviceResult:
+    """A launched step's sampled ids, on their way to a pinned buffer."""
+
+    __slots__ = ("host", "n", "event")
+
+    def __init__(self, host: np.ndarray, n: int, event) -> None:
+        self.host, self.n, self.event = host, n, event
+
+    def result(self) -> np.ndarray:
+        """Wait for the copy (the step's only synchronisation) and return the ids."""
+        self.event.synchronize()
+        return self.host[: self.n].copy()
+
+
 class DeviceSampler:
     def __init__(
         self, max_rows: int, vocab_size: int, stream, staging: Staging | None = None
@@ -41,7 +59,9 @@ class DeviceSampler:
         scratch = argmax_scratch_size(max_rows, vocab_size)
         self._argmax_val = cuda.device_array(scratch, dtype=np.float32, stream=stream)
         self._argmax_idx = cuda.device_array(scratch, dtype=np.int32, stream=stream)
-        self.out_host = cuda.pinned_array(max_rows, dtype=np.int32)
+        self.out_hosts = [cuda.pinned_array(max_rows, dtype=np.int32) for _ in range(2)]
+        self.out_events = [cuda.event() for _ in range(2)]
+        self._next_out = 0  # the pinned buffer the next fetch copies into
         self._banned = self._grow(None, 64)
         self._history = self._grow(None, 4096)
         self.has_history = False
@@ -129,13 +149,19 @@ class DeviceSampler:
         n = logits.shape[0]
         argmax_rows(logits, self.out[:n], self._argmax_val, self._argmax_idx, self.stream)
 
+    def fetch_async(self, n: int) -> DeviceResult:
+        """Enqueue the copy of the n sampled ids into the next pinned buffer, and an event."""
+        i = self._next_out
+        self._next_out = 1 - i
+        host, event = self.out_hosts[i], self.out_events[i]
+        if n:
+            self.out[:n].copy_to_host(host[:n], stream=self.stream)
+        event.record(self.stream)
+        return DeviceResult(host, n, event)
+
     def fetch(self, n: int) -> np.ndarray:
         """Copy the n sampled ids back and wait for them: the step's only synchronisation."""
-        if n == 0:
-            return np.zeros(0, np.int32)
-        self.out[:n].copy_to_host(self.out_host[:n], stream=self.stream)
-        self.stream.synchronize()
-        return self.out_host[:n].copy()
+        return self.fetch_async(n).result()
 
     def sample(self, logits, md: SamplingMetadata) -> np.ndarray:
         """Stage, copy, sample and fetch: the whole job for a sampler with its own staging."""
