@@ -48,7 +48,7 @@ The design, from the top:
   32), so a captured graph per batch-size bucket stays valid for any context. A short context
   therefore leaves the last splits empty rather than making tiny ones: context 128 at 32 splits
   is 2 busy splits of one 64-token tile and 30 empty ones. Every block computes the number of
-  busy splits, `busy`, from seq_lens; an empty split (split >= busy) returns before its first
+  busy splits, `busy`, from seq_lens; an empty split (split >= busy) returns before any K or V
   load, writes nothing and is not counted, so surplus splits cost only their scheduling. That
   is why choose_num_splits did not change when the merge moved into this kernel: fewer splits
   would save nothing at short contexts and lose parallelism at long ones (batch 1, context
@@ -239,7 +239,11 @@ def decode_kernel(head_dim: int, group: int, block_size: int, pipeline: bool = T
         tid = cuda.threadIdx.x
         slot = tid // lanes
         lane = tid % lanes
+        # Three independent loads issued together (they are a dependent round trip each when
+        # read where first needed, behind the branch on ctx).
         ctx = seq_lens[b]
+        row = query_start_loc[b]
+        table = b * block_table_stride[0]
         # This split's share of the context: whole tiles, the last splits short or empty.
         # `busy` splits hold tokens (one for a padding row, ctx 0); the others exit at once.
         chunk = (ctx + num_splits - 1) // num_splits
@@ -248,15 +252,13 @@ def decode_kernel(head_dim: int, group: int, block_size: int, pipeline: bool = T
         if chunk > 0:
             busy = (ctx + chunk - 1) // chunk
         if split >= busy:
-            return  # an empty split: no load, no write, no counter
-        row = query_start_loc[b]
+            return  # an empty split: no more loads, no write, no counter
         if ctx == 0:  # a padding row of a captured graph: zeros, nothing read
             for o in range(tid, out_dims, nthreads):
                 out[row, kvh * out_dims + o] = f32_to_bf16(float32(0.0))
             return
         start = split * chunk
         end = min(ctx, start + chunk)
-        table = b * block_table_stride[0]
 
         # Lane `lane` owns dimensions 4 * (lane + w * lanes) + i of every head (word w = 0, 1
         # of its token's row, bf16 i = 0..3 of the word): j = 4 * w + i below.
