@@ -94,6 +94,7 @@ class LLMEngine:
         self.last_step = StepStats()
         self.async_scheduling = config.async_scheduling
         self._in_flight: _LaunchedStep | None = None  # launched, its ids not processed yet
+        self.num_drains = 0  # async steps that waited first (penalties, a preemption)
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -184,10 +185,12 @@ class LLMEngine:
         outputs, self._pending = self._pending, []
         t0 = time.monotonic()
         if self._in_flight is not None and self._in_flight.needs_history:
+            self.num_drains += 1
             outputs += self._drain()
         try:
             sched = self.scheduler.schedule(protect_pending=self._in_flight is not None)
         except DrainNeeded:  # a sequence with a token in flight would be preempted
+            self.num_drains += 1
             outputs += self._drain()
             sched = self.scheduler.schedule()
         launched = None
@@ -245,6 +248,7 @@ class LLMEngine:
         outputs: list[RequestOutput] = []
         block_size = self.block_size
         register_full_blocks = self.block_manager.register_full_blocks
+        caching = self.block_manager.enable_prefix_caching
         finished_status = SequenceStatus.FINISHED
         for seq, token in zip(step.sampled, tokens.tolist(), strict=True):
             if seq.status is finished_status:
@@ -254,7 +258,7 @@ class LLMEngine:
             if finished:
                 self.scheduler.finish(seq)
                 del self.requests[seq.request_id]
-            elif seq.num_computed_tokens // block_size > len(seq.block_hashes):
+            elif caching and seq.num_computed_tokens // block_size > len(seq.block_hashes):
                 register_full_blocks(seq)  # a full block whose last token was in flight
             out = make_output(seq, finished)
             if out is not None:

@@ -190,8 +190,11 @@ def test_penalties_and_min_tokens_fall_back_and_match():
 
 def test_penalty_requests_alone_never_read_tokens_in_flight():
     params = [greedy(10, repetition_penalty=1.3), seeded(5, 10, presence_penalty=1.0)]
-    serial, async_, spy = both(PROMPTS[:2], params, every=1)
-    assert async_ == serial
+    engine = tiny_engine()
+    spy = LaunchSpy(engine)
+    async_ = run(engine, PROMPTS[:2], params)
+    assert async_ == run(tiny_engine(async_scheduling=False), PROMPTS[:2], params)
+    assert engine.num_drains >= 8
     assert spy.in_flight_rows == 0  # every step drained: penalties need the real history
 
 
@@ -243,6 +246,7 @@ def test_preemption_matches():
     engine = tiny_engine(**engine_args)
     run(engine, prompts, params)
     assert engine.scheduler.num_preemptions > 0
+    assert engine.num_drains > 0  # a sequence with a token in flight was to be preempted
     alone = run(tiny_engine(async_scheduling=False), prompts, params)
     assert async_ == alone
 

@@ -303,7 +303,6 @@ class CudaExecutor:
         self.inputs.staging.host["query_start_loc"][0] = 0
         self.inputs.staging.host["block_table_stride"][0] = 0
         self.sampler.pad(0, rows)
-        self._wait_for_upload()
         self._upload(self.inputs.staging.end_of("block_tables", 0))
 
     # --- graphs -------------------------------------------------------------------------
@@ -362,12 +361,14 @@ class CudaExecutor:
         (a burst of admissions) are still captured the first time they are used."""
         t0 = time.perf_counter()
         for bucket in self.buckets:
+            self._wait_for_upload()  # the pinned staging is rewritten each time
             self.inputs.pad_decode(0, bucket)
             self._upload_padding(bucket)
             for greedy in (True, False):
                 self._run(("decode", bucket, greedy))
         for seqs in (b for b in self.seq_buckets if b <= mixed_max_seqs):
             for tokens in self.token_buckets:
+                self._wait_for_upload()
                 self.inputs.pad_mixed(0, 0, 0, tokens, seqs)
                 self._upload_padding(seqs)
                 self._run(("mixed", tokens, seqs, True))
