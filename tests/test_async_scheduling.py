@@ -334,3 +334,18 @@ def test_the_cuda_executor_matches_serial_in_the_simulator():
         results.append(run(engine, prompts, params))
     assert results[0] == results[1]
     assert spies[1].in_flight_rows > 0 and spies[0].in_flight_rows == 0
+
+
+def test_prefix_cache_registers_only_real_tokens_and_is_reused_alike():
+    """A block whose last token was in flight is registered once the token is known: the cache
+    never holds a placeholder, and a second turn finds as many blocks as in the serial engine."""
+    turn1 = random_prompts(1, seed=5, low=40, high=41)[0]
+    hits = []
+    for async_scheduling in (False, True):
+        engine = tiny_engine(async_scheduling=async_scheduling, block_size=4)
+        reply = run(engine, [turn1], greedy(23))[0][0]
+        keys = [k for k in engine.block_manager.block_key if k is not None]
+        assert len(keys) >= 15 and all(min(tokens) >= 0 for _, tokens in keys)
+        run(engine, [turn1 + reply + [1, 2, 3]], greedy(4))
+        hits.append(engine.block_manager.prefix_hits)
+    assert hits[0] == hits[1] == 60  # 40 + 23 tokens: all but the last computed, 15 blocks
