@@ -48,6 +48,12 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--enforce-eager", action="store_true", help="cuda: no CUDA graphs")
     p.add_argument(
+        "--no-async-scheduling",
+        dest="async_scheduling",
+        action="store_false",
+        help="wait for each step's tokens before scheduling the next (the serial engine)",
+    )
+    p.add_argument(
         "--capture-at-start",
         action="store_true",
         help="cuda: capture every graph bucket before the workloads (default: lazily)",
@@ -72,6 +78,7 @@ def _build(args: argparse.Namespace):
         max_model_len=args.max_model_len,
         gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.enforce_eager,
+        async_scheduling=args.async_scheduling,
     )
     if args.config is None:
         from gpu.loader import create_engine
@@ -139,6 +146,7 @@ def run_bench(args: argparse.Namespace) -> int:
         "params": roofline.count_params(config),
         "kv_capacity_tokens": engine.kv_capacity_tokens,
         "startup_s": startup_s,
+        "async_scheduling": engine.config.async_scheduling,
         "capture_at_start_s": capture_at_start_s,
         "ceilings": dataclasses.asdict(ceilings),
     }
