@@ -4,7 +4,9 @@
 # `tinychat bench` on the SmolLM2-135M and Llama-3.2-1B configs (random bf16 weights), with
 # transformers beside it when COMPARE=hf. Writes under $OUT: speed.log, bench_*.json and the
 # microbenchmarks' JSON; prints the bench tables last. Each part has its own time limit.
-# Knobs: MICRO (which microbenchmarks), WORKLOADS, REQUESTS, COMPARE, SKIP_EAGER, T_* limits.
+# Knobs: MICRO (which microbenchmarks), WORKLOADS, REQUESTS, COMPARE, SKIP_EAGER, SKIP_SMOL,
+# BASELINE=1 (also latency + decode with the previous session's engine: cuBLAS gemm_ex, loads not
+# pipelined in the decode attention, serial scheduling), T_* limits.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/tinychat-device-out}
@@ -16,7 +18,8 @@ BENCH="python3 -m chat_app.cli bench --device cuda"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   echo "== graph replay vs eager, the decode kernels vs their twins (pytest, on the GPU)"
   timeout "${T_GRAPHS:-240}" python3 -m pytest -q -p no:cacheprovider tests/test_cuda_graphs.py \
-    tests/test_kernels_cuda_backend.py tests/test_kernels_gemv.py tests/test_kernels_attention.py \
+    tests/test_cublaslt.py tests/test_async_scheduling.py tests/test_kernels_cuda_backend.py \
+    tests/test_kernels_gemv.py tests/test_kernels_attention.py tests/test_kernels_sampling.py \
     tests/test_kernels_elementwise.py 2>&1 | tail -15
   for micro in ${MICRO:-bench_gemv bench_kernels bench_prefill}; do
     if [ -f "tests/device/$micro.py" ]; then
@@ -24,9 +27,17 @@ BENCH="python3 -m chat_app.cli bench --device cuda"
       timeout "${T_MICRO:-90}" python3 "tests/device/$micro.py" 2>&1 | tail -25
     fi
   done
-  echo "== bench smollm2-135m"
-  timeout "${T_SMOL:-120}" $BENCH latency decode --config smollm2-135m \
-    --json "$OUT/bench_smollm2.json" 2>&1 | tail -12
+  if [ -z "${SKIP_SMOL:-}" ]; then
+    echo "== bench smollm2-135m"
+    timeout "${T_SMOL:-120}" $BENCH latency decode --config smollm2-135m \
+      --json "$OUT/bench_smollm2.json" 2>&1 | tail -12
+  fi
+  if [ -n "${BASELINE:-}" ]; then
+    echo "== bench llama-3.2-1b, the previous engine (gemm_ex, unpipelined attention, serial)"
+    TINYCHAT_GEMM=cublas TINYCHAT_DECODE_PIPELINE=0 timeout "${T_BASELINE:-110}" $BENCH latency \
+      decode --config llama-3.2-1b --capture-at-start --no-async-scheduling \
+      --json "$OUT/bench_llama_baseline.json" 2>&1 | tail -9
+  fi
   if [ -z "${SKIP_EAGER:-}" ]; then
     echo "== bench llama-3.2-1b, eager (latency only)"
     timeout "${T_EAGER:-90}" $BENCH latency --config llama-3.2-1b --enforce-eager \
