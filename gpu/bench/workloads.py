@@ -7,6 +7,7 @@ Warm-up runs before every timed region (kernel compilation, graph capture, cache
 
 from __future__ import annotations
 
+import gc
 import statistics
 import threading
 import time
@@ -137,7 +138,56 @@ class ChatResult:
     single_itl_p99_ms: float
     long_prompt_tokens: int
     long_prompt_ttft_ms: float  # a long prompt arriving while the other sessions stream
+    # Where the tail comes from: engine.step() wall times of the group phase, split by whether
+    # the step carried prompt tokens (a new turn's prefill) or only decodes, and the pauses of
+    # Python's garbage collector over the whole run.
+    decode_step_p50_ms: float = float("nan")
+    decode_step_p99_ms: float = float("nan")
+    mixed_step_p50_ms: float = float("nan")
+    mixed_step_p99_ms: float = float("nan")
+    mixed_steps: int = 0
+    gc_pauses: int = 0
+    gc_max_ms: float = 0.0
     ttfts_ms: list[float] = field(default_factory=list, repr=False)
+
+
+class _StepTimer:
+    """Times every engine.step() (shadowing the method on the instance) and every collection
+    of the garbage collector, until close()."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self.decode: list[float] = []
+        self.mixed: list[float] = []
+        self.gc: list[float] = []
+        self._gc_start = 0.0
+        step = engine.step
+
+        def timed_step():
+            t0 = time.perf_counter()
+            out = step()
+            dt = time.perf_counter() - t0
+            last = engine.last_step
+            if last is not None and last.batch_size:
+                (self.mixed if last.num_prefill_tokens else self.decode).append(dt)
+            return out
+
+        engine.step = timed_step
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+        else:
+            self.gc.append(time.perf_counter() - self._gc_start)
+
+    def reset(self) -> None:
+        self.decode.clear()
+        self.mixed.clear()
+
+    def close(self) -> None:
+        del self.engine.step  # the class's method again
+        gc.callbacks.remove(self._on_gc)
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -194,12 +244,14 @@ def chat_run(
     long_prompt: int = 1000,
 ) -> ChatResult:
     """Chat sessions arriving over `arrival_s`, each `turns` turns, on the engine thread."""
+    timer = _StepTimer(engine)
     et = EngineThread(engine, idle_wait=0.001)
     et.start()
     try:
         alone = _Session(et, 0.0, 2, seed=99)
         alone.start()
         alone.join()
+        timer.reset()
         group = [_Session(et, arrival_s * i / sessions, turns, seed=i) for i in range(sessions)]
         for s in group:
             s.start()
@@ -215,6 +267,7 @@ def chat_run(
             s.join()
     finally:
         et.shutdown()
+        timer.close()
     ttfts = [t for s in group for t in s.ttfts]
     itls = [t for s in group for t in s.itls]
     return ChatResult(
@@ -228,6 +281,13 @@ def chat_run(
         single_itl_p99_ms=1e3 * _percentile(alone.itls, 99),
         long_prompt_tokens=long_prompt,
         long_prompt_ttft_ms=1e3 * long_ttft,
+        decode_step_p50_ms=1e3 * _percentile(timer.decode, 50),
+        decode_step_p99_ms=1e3 * _percentile(timer.decode, 99),
+        mixed_step_p50_ms=1e3 * _percentile(timer.mixed, 50),
+        mixed_step_p99_ms=1e3 * _percentile(timer.mixed, 99),
+        mixed_steps=len(timer.mixed),
+        gc_pauses=len(timer.gc),
+        gc_max_ms=1e3 * max(timer.gc, default=0.0),
         ttfts_ms=[1e3 * t for t in ttfts],
     )
 
