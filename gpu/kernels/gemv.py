@@ -32,6 +32,9 @@ Shape of the work:
   the same values the separate rmsnorm kernel writes for cuBLAS. Its weight loads are issued
   before the reduction, so they overlap it. Recomputing the norm in each block costs L2 reads;
   it saves a launch and a dependent kernel per use, which is what a decode step is made of.
+* The epilogue's loads go out with the weights' (the residual an "add" adds to; the position's
+  cos / sin and the KV slot of "rope"): at the end a block then only computes and stores,
+  instead of waiting one more round trip (or two: position, then its cos) after its sums.
 * Paired epilogues: with "silu" a block takes rows/2 gate rows and the matching up rows, so
   both halves of each output meet in one block and gate_up never goes to memory. With "rope" it
   takes rows/2 rotation pairs of the merged qkv projection (dimension j and j + head_dim/2 of a
@@ -91,26 +94,36 @@ def pair_row(pair, element, rope_pairs, half_dim):
 
 
 @device_function
+def rope_inputs(pair, t, positions, cos, sin, slot_mapping, rope_pairs, half_dim):
+    """What rope_store needs besides the two products: (cos, sin) of the pair's angle at token
+    t's position (1, 0 for v, which is not rotated) and the token's KV slot. Read at the start
+    of the kernel, while the weights stream, so the epilogue waits for no load."""
+    c = float32(1.0)
+    s = float32(0.0)
+    if pair < rope_pairs:
+        pos = positions[t]
+        d1 = pair_row(pair, 0, rope_pairs, half_dim) % (2 * half_dim)
+        c = cos[pos, d1]
+        s = sin[pos, d1]
+    return c, s, slot_mapping[t]
+
+
+@device_function
 def rope_store(
-    pair, t, x1, x2, qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads,
-    head_dim, rope_pairs,
+    pair, t, x1, x2, c, s, slot, qkv, k_cache, v_cache, num_heads, head_dim, rope_pairs,
 ):  # fmt: skip
-    """Rotate pair `pair` of token t (q, k) or pass it through (v); store it to qkv and, for k
-    and v, to the cache at slot_mapping[t] (a negative slot, graph padding, writes no cache)."""
+    """Rotate pair `pair` of token t (q, k) by (c, s) or pass it through (v: c = 1, s = 0);
+    store it to qkv and, for k and v, to the cache at `slot` (a negative slot, graph padding,
+    writes no cache)."""
     half_dim = head_dim // 2
     n1 = pair_row(pair, 0, rope_pairs, half_dim)
     n2 = pair_row(pair, 1, rope_pairs, half_dim)
     head = n1 // head_dim
     d1 = n1 - head * head_dim
     d2 = n2 - head * head_dim
-    if pair < rope_pairs:
-        pos = positions[t]
-        c = cos[pos, d1]
-        s = sin[pos, d1]
-        x1, x2 = x1 * c - x2 * s, x2 * c + x1 * s
+    x1, x2 = x1 * c - x2 * s, x2 * c + x1 * s
     qkv[t, n1] = x1
     qkv[t, n2] = x2
-    slot = slot_mapping[t]
     if head >= num_heads and slot >= 0:
         block_size = k_cache.shape[1]
         block = slot // block_size
@@ -206,6 +219,21 @@ def gemv_kernel(
                 c = min(tid + j * nthreads, k_words - 1)
                 wv[r * wpt + j] = w64[n, c]
 
+        # The epilogue's own loads, issued now so that they too arrive while the weights
+        # stream: the residual this thread adds to, or its rotation and KV slot.
+        out_row = tid // max_tokens  # the (row, token) whose result this thread will store
+        out_t = min(tid % max_tokens, last_t)
+        prior = float32(0.0)
+        rc = float32(1.0)
+        rs = float32(0.0)
+        slot = -1
+        if epilogue == "add" and tid < nacc and base + out_row < n_w:
+            prior = out[out_t, base + out_row]
+        if rope and out_row < half and base + out_row < n_w // 2:
+            rc, rs, slot = rope_inputs(
+                base + out_row, out_t, positions, cos, sin, slot_mapping, rope_pairs, half_dim
+            )
+
         if norm:  # x = bf16(residual / rms * norm_weight), each token's rows in registers
             for t in range(max_tokens):
                 tt = min(t, last_t)
@@ -272,12 +300,12 @@ def gemv_kernel(
                     out[t, base + r] = f32_to_bf16(value)
                 else:
                     rope_store(
-                        base + r, t, first, second, out, positions, cos, sin, k_cache, v_cache,
-                        slot_mapping, num_heads, head_dim, rope_pairs,
+                        base + r, t, first, second, rc, rs, slot, out, k_cache, v_cache,
+                        num_heads, head_dim, rope_pairs,
                     )  # fmt: skip
         elif tid < nacc and t < num_tokens and base + r < n_w:
             if epilogue == "add":
-                out[t, base + r] += total
+                out[t, base + r] = prior + total
             else:
                 out[t, base + r] = total
 
