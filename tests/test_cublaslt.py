@@ -69,3 +69,25 @@ def test_bf16_output_row_slices_and_bitwise_agreement():
     assert np.array_equal(results[0], results[1])
     want = x[3:27] @ w.T
     np.testing.assert_allclose(from_bf16_bits(results[0]), want, rtol=1e-2, atol=1e-2)
+
+
+def test_a_shape_cublaslt_cannot_plan_runs_on_gemm_ex(monkeypatch):
+    from numba import cuda
+
+    from gpu.backends.cuda.cublaslt import FALLBACK, CublasLtGemm
+
+    def no_plan(self, key, ptrs):
+        raise RuntimeError("no algorithm")
+
+    monkeypatch.setattr(CublasLtGemm, "_make_plan", no_plan)
+    rng = np.random.default_rng(4)
+    x, w = _operands(rng, 5, 48, 32)
+    stream = cuda.stream()
+    gemm = CublasLtGemm(stream)
+    out = cuda.device_array((5, 48), np.float32)
+    gemm.linear(cuda.to_device(to_bf16_bits(x)), cuda.to_device(to_bf16_bits(w)), out)
+    got = out.copy_to_host(stream=stream)
+    stream.synchronize()
+    assert list(gemm._plans.values()) == [FALLBACK]
+    np.testing.assert_allclose(got, x @ w.T, rtol=1e-5, atol=1e-4)
+    gemm.close()

@@ -29,7 +29,9 @@ the eager step a graph is captured from, the graph, and a second engine built to
 against. Split-K reductions that add into the output in place (REDUCTION_SCHEME_INPLACE, which
 may use atomics) are excluded, so each algorithm is bitwise deterministic.
 
-TINYCHAT_GEMM=cublas selects the plain gemm_ex path instead (for comparisons).
+A shape cuBLASLt cannot plan (no candidate, an error) is run by cublasGemmEx instead, with a
+warning: never a failed step. TINYCHAT_GEMM=cublas selects gemm_ex for every shape (for
+comparisons).
 """
 
 from __future__ import annotations
@@ -81,6 +83,8 @@ class Plan:
     candidates: int
 
 
+FALLBACK = None  # a shape cuBLASLt could not plan: cublasGemmEx runs it
+
 # (n, t, k, lda, ldb, ldc, out dtype, accumulate, alignments) -> index of the chosen
 # candidate, shared by every CublasLtGemm of the process (see Determinism above).
 _CHOICES: dict[tuple, int] = {}
@@ -119,7 +123,8 @@ class CublasLtGemm:
         self._op_t = np.array(int(cublas.Operation.T), np.int32)
         self._op_n = np.array(int(cublas.Operation.N), np.int32)
         self._compute = int(cublas.ComputeType.COMPUTE_32F)
-        self._plans: dict[tuple, Plan] = {}
+        self._plans: dict[tuple, Plan | None] = {}  # FALLBACK (None): gemm_ex's
+        self._fallback: CublasGemm | None = None
         self._flush = None  # FLUSH_BYTES of scratch, made on the first tuning
         self._saved = None  # a copy of an accumulating product's output while tuning
         self.tune_seconds = 0.0
@@ -139,7 +144,18 @@ class CublasLtGemm:
         )  # fmt: skip
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._plans[key] = self._make_plan(key, ptrs)
+            try:
+                plan = self._make_plan(key, ptrs)
+            except Exception as exc:  # no algorithm, an unsupported layout: gemm_ex can
+                log.warning("cuBLASLt: x [%d, %d] @ w [%d, %d].T falls back to cublasGemmEx"
+                            " (%s)", t, k, n, k, exc)  # fmt: skip
+                plan = FALLBACK
+            self._plans[key] = plan
+        if plan is FALLBACK:
+            if self._fallback is None:
+                self._fallback = CublasGemm(self.stream)
+            self._fallback.linear(x, w, out, accumulate)
+            return
         self._matmul(plan, ptrs, accumulate, plan.algo["algo"].ctypes.data)
 
     def _matmul(self, plan: Plan, ptrs: tuple[int, int, int], accumulate: bool, algo: int):
@@ -246,6 +262,8 @@ class CublasLtGemm:
     def close(self) -> None:
         lt = self._lt
         for plan in self._plans.values():
+            if plan is FALLBACK:
+                continue
             for layout in plan.layouts:
                 lt.matrix_layout_destroy(layout)
             lt.matmul_desc_destroy(plan.desc)
@@ -253,6 +271,8 @@ class CublasLtGemm:
         if self.handle:
             lt.destroy(self.handle)
             self.handle = 0
+        if self._fallback is not None:
+            self._fallback.close()
 
 
 def _memset(array, stream) -> None:
