@@ -90,8 +90,13 @@ class LlamaModel:
             )  # fmt: skip
             ops.linear_residual(mlp_act, layer.down_proj, residual, proj_out)
 
-        # Only the rows that are sampled go through the final norm and the LM head.
-        rows, logits = self.last_residual[:num_logits], self.logits[:num_logits]
-        ops.gather_rows(residual, batch.logits_indices, rows)
+        # Only the rows that are sampled go through the final norm and the LM head. In a
+        # decode step every row is sampled, in order (logits_indices = 0, 1, ...): no gather.
+        logits = self.logits[:num_logits]
+        if batch.max_query_len == 1 and num_logits == t:
+            rows = residual
+        else:
+            rows = self.last_residual[:num_logits]
+            ops.gather_rows(residual, batch.logits_indices, rows)
         ops.rmsnorm_linear(rows, w.norm, eps, w.lm_head, logits, self.last_normed[:num_logits])
         return logits
