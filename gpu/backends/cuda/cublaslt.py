@@ -144,13 +144,15 @@ class CublasLtGemm:
         )  # fmt: skip
         plan = self._plans.get(key)
         if plan is None:
-            try:
+            try:  # plan, and run the product once, checked
                 plan = self._make_plan(key, ptrs)
+                self._matmul(plan, ptrs, accumulate, plan.algo["algo"].ctypes.data)
+                self._plans[key] = plan
+                return
             except Exception as exc:  # no algorithm, an unsupported layout: gemm_ex can
                 log.warning("cuBLASLt: x [%d, %d] @ w [%d, %d].T falls back to cublasGemmEx"
                             " (%s)", t, k, n, k, exc)  # fmt: skip
-                plan = FALLBACK
-            self._plans[key] = plan
+                plan = self._plans[key] = FALLBACK
         if plan is FALLBACK:
             if self._fallback is None:
                 self._fallback = CublasGemm(self.stream)
