@@ -43,13 +43,15 @@ def device_pointer(array) -> int:
     return int(array.__cuda_array_interface__["data"][0])
 
 
-def check_linear(x, w, out) -> None:
-    """The operands of out = x @ w.T: x [T, K] and w [N, K] bf16 bits, out [T, N]."""
+def check_linear(x, w, out) -> bool:
+    """Check the operands of out = x @ w.T: x [T, K] and w [N, K] bf16 bits, out [T, N].
+    Returns whether there is anything to compute (T > 0)."""
     t, k = x.shape
     if w.shape[1] != k or out.shape != (t, w.shape[0]):
         raise ValueError(f"linear: x {x.shape} @ w {w.shape}.T -> out {out.shape}")
     if x.dtype != np.uint16 or w.dtype != np.uint16:
         raise TypeError("linear: x and w must be bf16 bits (uint16)")
+    return t > 0
 
 
 class CublasGemm:
@@ -70,11 +72,9 @@ class CublasGemm:
 
     def linear(self, x, w, out, accumulate: bool = False) -> None:
         """out = x @ w.T, or out += x @ w.T with accumulate (beta = 1; out float32)."""
-        t, k = x.shape
-        n = w.shape[0]
-        if t == 0:
+        if not check_linear(x, w, out):
             return
-        check_linear(x, w, out)
+        (t, k), n = x.shape, w.shape[0]
         ctype = CUDA_R_32F if out.dtype == np.float32 else CUDA_R_16BF
         ldc = out.strides[0] // out.dtype.itemsize
         self._cublas.gemm_ex(

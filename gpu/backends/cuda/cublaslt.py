@@ -132,11 +132,9 @@ class CublasLtGemm:
     # --- the product ----------------------------------------------------------------------
     def linear(self, x, w, out, accumulate: bool = False) -> None:
         """out = x @ w.T, or out += x @ w.T with accumulate (beta = 1; out float32)."""
-        t, k = x.shape
-        n = w.shape[0]
-        if t == 0:
+        if not check_linear(x, w, out):
             return
-        check_linear(x, w, out)
+        (t, k), n = x.shape, w.shape[0]
         ptrs = (device_pointer(w), device_pointer(x), device_pointer(out))
         key = (
             n, t, k, w.strides[0] // 2, x.strides[0] // 2, out.strides[0] // out.dtype.itemsize,
