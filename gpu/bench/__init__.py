@@ -48,10 +48,11 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--enforce-eager", action="store_true", help="cuda: no CUDA graphs")
     p.add_argument(
-        "--no-async-scheduling",
-        dest="async_scheduling",
-        action="store_false",
-        help="wait for each step's tokens before scheduling the next (the serial engine)",
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="launch each step before reading the previous one's tokens (default: the "
+        "engine's, EngineConfig.async_scheduling); --no-async-scheduling: the serial engine",
     )
     p.add_argument(
         "--capture-at-start",
@@ -78,8 +79,9 @@ def _build(args: argparse.Namespace):
         max_model_len=args.max_model_len,
         gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.enforce_eager,
-        async_scheduling=args.async_scheduling,
     )
+    if args.async_scheduling is not None:
+        cfg.async_scheduling = args.async_scheduling
     if args.config is None:
         from gpu.loader import create_engine
 
