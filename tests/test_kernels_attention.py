@@ -156,15 +156,6 @@ def test_decode_attention_gpu_code_path(
         _run_decode(seq_lens, num_heads, num_kv_heads, head_dim, block_size, num_splits)
 
 
-@pytest.mark.parametrize("pipeline", [True, False])
-def test_decode_attention_pipelined_or_not(monkeypatch, pipeline):
-    """Both loop schedules (loads issued one phase early, or at the top of each tile) on the
-    GPU code path: several tiles per split, a last tile cut short, GQA 4."""
-    monkeypatch.setattr(attention_decode, "PIPELINE", pipeline)
-    with gpu_code_path(attention_decode):
-        _run_decode([150, 3, 70], 8, 2, 16, 8, 2)
-
-
 def test_split_launch_needs_counters():
     rng, _ = fresh_rng()
     case = paged_case(rng, [9], [1], 4, 2, 16, 16)

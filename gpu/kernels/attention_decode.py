@@ -27,15 +27,6 @@ The design, from the top:
   each other inside the loop: the main loop has no barrier and no shared memory at all. At the
   end of the split the slots are merged through shared memory (the same merge as split-KV:
   weights 2^(m_slot - M)), once per block.
-* Loads one phase early (PIPELINE, TINYCHAT_DECODE_PIPELINE=0 turns it off). Issued at the
-  top of each tile, the 16 KB of a block's loads are in flight only until its first use: during
-  the scores, the softmax and P @ V nothing is, and at 4 resident blocks an SM then has too
-  little in flight to cover the memory latency (batch 64 / 256 read KV at 1.75 TB/s). The
-  pipelined loop keeps the same registers busy longer instead of adding any: as soon as a
-  tile's scores are computed its K words are dead, so the next tile's K loads are issued into
-  them (in flight during the softmax and P @ V); as soon as P @ V is done the next tile's V
-  loads go out (in flight during the next scores). The block table is read two tiles ahead.
-  Past the end of the split the loads are clamped to the last token (cache hits, never used).
 * Compile-time specialisation. The kernel is built by a factory (decode_kernel) for each
   (head_dim, group, block_size, threads): every small loop has a constant trip count, LLVM
   unrolls it, and the per-thread arrays (q, accumulators, scores, loaded words) are indexed by
@@ -107,6 +98,13 @@ took 15.6 us at context 128 and 21.7 us at 1,024 (was 48): latency-bound, the la
 blocks and the reduce kernel dominated. The fused merge and the empty splits that exit at once
 are NOT YET MEASURED on the device.
 
+Tried and dropped (issue 5, third session): issuing the next tile's K loads during this tile's
+softmax and P @ V, and its V loads during the next scores, in the same registers. ptxas then
+spilled 248 bytes a thread instead of 60 at the 128-register bound, and the H200 measured it
+slower: batch 64 / context 1024 in 85.9 us against 74.2, batch 256 / context 512 in 180.4
+against 153.0 (`bench_kernels_pipelined.json`). More bytes in flight needs registers or shared
+memory this design does not have to spare (cp.async stages are not reachable from Numba).
+
 History. The first version (issue 4) gathered 32-token tiles into shared memory as fp32, had one
 thread per (head, token) score with 64-long shared-memory dot products, serial per-head max and
 sum, 6 barriers per tile and accumulators in `cuda.local.array`. Measured on the H200: correct
@@ -156,8 +154,6 @@ def _blocks_per_sm() -> int:
 
 
 BLOCKS_PER_SM = _blocks_per_sm()  # read once, at import
-PIPELINE_ENV = "TINYCHAT_DECODE_PIPELINE"
-PIPELINE = os.environ.get(PIPELINE_ENV, "1").strip() != "0"  # read once, at import
 
 _ARGS = (
     "float32[:, ::1], uint64[:, :, :, ::1], uint64[:, :, :, ::1], int32[::1], int32[::1],"
@@ -181,9 +177,9 @@ def tile_tokens(head_dim: int) -> int:
 
 
 @functools.cache
-def decode_kernel(head_dim: int, group: int, block_size: int, pipeline: bool = True):
+def decode_kernel(head_dim: int, group: int, block_size: int):
     """The split-KV decode kernel (merge included) specialised for (head_dim, group,
-    block_size); pipeline issues each tile's K and V loads one phase early."""
+    block_size)."""
     check_shape(head_dim, group)
     # launch.SIMULATOR, not this module's SIMULATOR: the tests turn the latter off to run the
     # GPU code path in the simulator, which still cannot compile a real kernel.
@@ -279,27 +275,16 @@ def decode_kernel(head_dim: int, group: int, block_size: int, pipeline: bool = T
         for u in range(UNROLL):
             t = min(start + u * slots + slot, last)
             blk[u] = block_tables[table + t // block_size]
-        if pipeline:  # the first tile's K and V, and the next tile's blocks
-            for u in range(UNROLL):
-                off = min(start + u * slots + slot, last) % block_size
+        for t0 in range(start, end, tile):
+            for u in range(UNROLL):  # UNROLL tokens x 2 words x (K, V), all in flight at once
+                off = min(t0 + u * slots + slot, last) % block_size
                 kw[2 * u] = k_cache[blk[u], off, kvh, lane]
                 kw[2 * u + 1] = k_cache[blk[u], off, kvh, lane + lanes]
                 vw[2 * u] = v_cache[blk[u], off, kvh, lane]
                 vw[2 * u + 1] = v_cache[blk[u], off, kvh, lane + lanes]
-            for u in range(UNROLL):
-                t = min(start + tile + u * slots + slot, last)
+            for u in range(UNROLL):  # the next tile's blocks, while this one computes
+                t = min(t0 + tile + u * slots + slot, last)
                 blk[u] = block_tables[table + t // block_size]
-        for t0 in range(start, end, tile):
-            if not pipeline:
-                for u in range(UNROLL):  # UNROLL tokens x 2 words x (K, V), all in flight
-                    off = min(t0 + u * slots + slot, last) % block_size
-                    kw[2 * u] = k_cache[blk[u], off, kvh, lane]
-                    kw[2 * u + 1] = k_cache[blk[u], off, kvh, lane + lanes]
-                    vw[2 * u] = v_cache[blk[u], off, kvh, lane]
-                    vw[2 * u + 1] = v_cache[blk[u], off, kvh, lane + lanes]
-                for u in range(UNROLL):  # the next tile's blocks, while this one computes
-                    t = min(t0 + tile + u * slots + slot, last)
-                    blk[u] = block_tables[table + t // block_size]
             # Partial scores over this lane's 8 dimensions, then summed over the token's lanes.
             for u in range(UNROLL):
                 for j in range(DIMS):
@@ -309,11 +294,6 @@ def decode_kernel(head_dim: int, group: int, block_size: int, pipeline: bool = T
                     for j in range(DIMS):
                         dot += q[h * DIMS + j] * x[j]
                     s[u * group + h] = dot
-            if pipeline:  # the next tile's K, in flight during the softmax and P @ V
-                for u in range(UNROLL):
-                    off = min(t0 + tile + u * slots + slot, last) % block_size
-                    kw[2 * u] = k_cache[blk[u], off, kvh, lane]
-                    kw[2 * u + 1] = k_cache[blk[u], off, kvh, lane + lanes]
             if SIMULATOR:
                 for i in range(ns):
                     red[i, tid] = s[i]
@@ -355,14 +335,6 @@ def decode_kernel(head_dim: int, group: int, block_size: int, pipeline: bool = T
                     den[h] += p
                     for j in range(DIMS):
                         acc[h * DIMS + j] += p * x[j]
-            if pipeline:  # the next tile's V (in flight during its scores), then the blocks
-                for u in range(UNROLL):  # of the tile after it
-                    off = min(t0 + tile + u * slots + slot, last) % block_size
-                    vw[2 * u] = v_cache[blk[u], off, kvh, lane]
-                    vw[2 * u + 1] = v_cache[blk[u], off, kvh, lane + lanes]
-                for u in range(UNROLL):
-                    t = min(t0 + 2 * tile + u * slots + slot, last)
-                    blk[u] = block_tables[table + t // block_size]
 
         # Merge the token slots: M = max of their m, weights 2^(m_slot - M).
         if lane == 0:
@@ -461,8 +433,8 @@ def decode_kernel(head_dim: int, group: int, block_size: int, pipeline: bool = T
 
 # The specialisations of the preset models (Llama-3.2-1B: head_dim 64, group 4; SmolLM2-135M:
 # 64, 3), by name, for the sm_90 compile test; any other shape is built on first use.
-decode_kernel_llama32 = decode_kernel(64, 4, 16, PIPELINE)
-decode_kernel_smollm2 = decode_kernel(64, 3, 16, PIPELINE)
+decode_kernel_llama32 = decode_kernel(64, 4, 16)
+decode_kernel_smollm2 = decode_kernel(64, 3, 16)
 SIGNATURES = {
     "decode_kernel_llama32": [f"void({_ARGS})"],
     "decode_kernel_smollm2": [f"void({_ARGS})"],
@@ -542,8 +514,7 @@ def decode_attention(
         counters = seq_lens  # any int32 array: a one-split launch never counts
     # Four bf16 per 8-byte load: the same bytes, viewed as uint64 (no copy).
     k64, v64 = k_cache.view(np.uint64), v_cache.view(np.uint64)
-    kernel = decode_kernel(hd, group, block_size, PIPELINE)
-    kernel[(num_seqs, nkv, num_splits), NTHREADS, stream](
+    decode_kernel(hd, group, block_size)[(num_seqs, nkv, num_splits), NTHREADS, stream](
         qkv, k64, v64, block_tables, block_table_stride, query_start_loc, seq_lens,
         float(scale), num_splits, out, part_acc, part_ml, counters,
     )  # fmt: skip
