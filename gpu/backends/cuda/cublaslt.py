@@ -8,8 +8,16 @@ with 128-wide output tiles, N = 2048 is only 16 thread blocks on 132 SMs, and th
 rarely splits K to fill the rest. cuBLASLt exposes the same library's candidate list
 (cublasLtMatmulAlgoGetHeuristic returns up to MAX_CANDIDATES configurations: tile shapes, split-K,
 stages), so each new shape times its candidates once, on the real operands, and keeps the
-fastest. That is TensorRT's and cuBLASLt's documented autotuning recipe; vLLM leaves it to
-PyTorch, which doesn't.
+fastest; cublasGemmEx itself is one more candidate, so a shape is never slower than before.
+That is TensorRT's and cuBLASLt's documented autotuning recipe; vLLM leaves it to PyTorch,
+which doesn't.
+
+Measured on the H200 (tests/device/bench_gemm.py, `bench_gemm.json`): the hope did not come
+true for the small matrices. The heuristic offered 8 candidates for every shape, none of them
+faster on o_proj (9.4 us at T = 64, 0.9 TB/s either way) or q/k/v; it did pay on the LM head
+(T = 64: 137.7 us against 149.9; T = 512: 359.6 against 406.6), and lost up to 12% on down
+at some T, which is why gemm_ex became a candidate. The small matrices need split-K kernels
+that this cuBLAS does not offer for them, or a kernel of our own.
 
 The layout trick is the one in cublas.py: cuBLAS is column-major, so the row-major product
 out = x @ w.T is computed as its column-major transpose out.T [N, T] = w [K, N]^T @ x.T [K, T],
@@ -36,6 +44,7 @@ comparisons).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -81,6 +90,7 @@ class Plan:
     algo: np.ndarray  # one matmul_heuristic_result record; its "algo" field is passed
     us: float  # the winner's median time in the tuning (0.0 when untimed)
     candidates: int
+    gemm_ex: bool = False  # cublasGemmEx (a candidate too) was the fastest: it runs the shape
 
 
 FALLBACK = None  # a shape cuBLASLt could not plan: cublasGemmEx runs it
@@ -143,20 +153,26 @@ class CublasLtGemm:
         plan = self._plans.get(key)
         if plan is None:
             try:  # plan, and run the product once, checked
-                plan = self._make_plan(key, ptrs)
-                self._matmul(plan, ptrs, accumulate, plan.algo["algo"].ctypes.data)
+                plan = self._make_plan(key, (x, w, out), ptrs)
+                self._run(plan, x, w, out, ptrs, accumulate)
                 self._plans[key] = plan
                 return
             except Exception as exc:  # no algorithm, an unsupported layout: gemm_ex can
                 log.warning("cuBLASLt: x [%d, %d] @ w [%d, %d].T falls back to cublasGemmEx"
                             " (%s)", t, k, n, k, exc)  # fmt: skip
                 plan = self._plans[key] = FALLBACK
-        if plan is FALLBACK:
-            if self._fallback is None:
-                self._fallback = CublasGemm(self.stream)
-            self._fallback.linear(x, w, out, accumulate)
-            return
-        self._matmul(plan, ptrs, accumulate, plan.algo["algo"].ctypes.data)
+        self._run(plan, x, w, out, ptrs, accumulate)
+
+    def _run(self, plan: Plan | None, x, w, out, ptrs: tuple, accumulate: bool) -> None:
+        if plan is FALLBACK or plan.gemm_ex:
+            self._gemm_ex().linear(x, w, out, accumulate)
+        else:
+            self._matmul(plan, ptrs, accumulate, plan.algo["algo"].ctypes.data)
+
+    def _gemm_ex(self) -> CublasGemm:
+        if self._fallback is None:
+            self._fallback = CublasGemm(self.stream)
+        return self._fallback
 
     def _matmul(self, plan: Plan, ptrs: tuple[int, int, int], accumulate: bool, algo: int):
         a, b, c = plan.layouts
@@ -168,7 +184,7 @@ class CublasLtGemm:
         )  # fmt: skip
 
     # --- plans ----------------------------------------------------------------------------
-    def _make_plan(self, key: tuple, ptrs: tuple[int, int, int]) -> Plan:
+    def _make_plan(self, key: tuple, operands: tuple, ptrs: tuple[int, int, int]) -> Plan:
         lt = self._lt
         n, t, k, lda, ldb, ldc, out_dtype, accumulate, aligns = key
         desc = lt.matmul_desc_create(self._compute, CUDA_R_32F)
@@ -186,12 +202,19 @@ class CublasLtGemm:
             raise RuntimeError(f"cuBLASLt has no algorithm for x [{t}, {k}] @ w [{n}, {k}].T")
         plan = Plan(desc, layouts, results[0:1].copy(), 0.0, len(results))
         choice = _CHOICES.get(key)
-        if choice is None and len(results) > 1 and not _is_capturing(self.stream):
+        if choice is None and not _is_capturing(self.stream):
+            x, w, out = operands
+            runs = [
+                functools.partial(self._matmul, plan, ptrs, accumulate, algo.ctypes.data)
+                for algo in results["algo"][:, None]
+            ]  # the candidates, then gemm_ex (index len(results))
+            runs.append(functools.partial(self._gemm_ex().linear, x, w, out, accumulate))
             span = (t - 1) * ldc + n  # elements of out, first to last
-            choice, plan.us = self._tune(plan, results, ptrs, accumulate, out_dtype, span)
+            choice, plan.us = self._tune(runs, ptrs[2], accumulate, out_dtype, span)
             _CHOICES[key] = choice
         if choice is not None and choice < len(results):
             plan.algo = results[choice : choice + 1].copy()
+        plan.gemm_ex = choice == len(results)
         return plan
 
     def _candidates(self, desc: int, layouts: tuple, aligns: tuple) -> np.ndarray:
@@ -222,9 +245,9 @@ class CublasLtGemm:
         results = results[: int(count[0])]
         return results[results["state"] == 0]  # CUBLAS_STATUS_SUCCESS only
 
-    def _tune(self, plan, results, ptrs, accumulate: bool, out_dtype: str, out_elems: int):
-        """Time every candidate on the real operands; returns (index of the fastest, its
-        median us). Synchronises."""
+    def _tune(self, runs: list, out_ptr: int, accumulate: bool, out_dtype: str, out_elems: int):
+        """Time every candidate (runs[i]() enqueues one product) on the real operands; returns
+        (index of the fastest, its median us). Synchronises."""
         t0 = time.perf_counter()
         stream = self.stream
         if self._flush is None:
@@ -233,26 +256,25 @@ class CublasLtGemm:
         if accumulate:  # keep the output the extra runs would add into
             if self._saved is None or self._saved.size < out_bytes:
                 self._saved = cuda.device_array(out_bytes, dtype=np.uint8, stream=stream)
-            _copy(self._saved, ptrs[2], out_bytes, stream, to_scratch=True)
+            _copy(self._saved, out_ptr, out_bytes, stream, to_scratch=True)
         events = []
-        for i in range(len(results)):
-            algo = results[i : i + 1]
-            self._matmul(plan, ptrs, accumulate, algo["algo"].ctypes.data)  # warm-up
-            runs = []
+        for run in runs:
+            run()  # warm-up
+            timed = []
             for _ in range(TUNE_REPS):
                 _memset(self._flush, stream)
                 start, end = cuda.event(), cuda.event()
                 start.record(stream)
-                self._matmul(plan, ptrs, accumulate, algo["algo"].ctypes.data)
+                run()
                 end.record(stream)
-                runs.append((start, end))
-            events.append(runs)
+                timed.append((start, end))
+            events.append(timed)
         stream.synchronize()
         medians = [
-            float(np.median([cuda.event_elapsed_time(s, e) for s, e in runs])) for runs in events
+            float(np.median([cuda.event_elapsed_time(s, e) for s, e in timed])) for timed in events
         ]
         if accumulate:
-            _copy(self._saved, ptrs[2], out_bytes, stream, to_scratch=False)
+            _copy(self._saved, out_ptr, out_bytes, stream, to_scratch=False)
             stream.synchronize()
         best = int(np.argmin(medians))
         self.tune_seconds += time.perf_counter() - t0
