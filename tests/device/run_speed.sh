@@ -5,8 +5,7 @@
 # transformers beside it when COMPARE=hf. Writes under $OUT: speed.log, bench_*.json and the
 # microbenchmarks' JSON; prints the bench tables last. Each part has its own time limit.
 # Knobs: MICRO (which microbenchmarks), WORKLOADS, REQUESTS, COMPARE, SKIP_EAGER, SKIP_SMOL,
-# BASELINE=1 (also latency + decode with the previous session's engine: cuBLAS gemm_ex, loads not
-# pipelined in the decode attention, serial scheduling), T_* limits.
+# BASELINE=1 (also latency + decode with the serial engine, --no-async-scheduling), T_* limits.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/tinychat-device-out}
@@ -33,8 +32,8 @@ BENCH="python3 -m chat_app.cli bench --device cuda"
       --json "$OUT/bench_smollm2.json" 2>&1 | tail -12
   fi
   if [ -n "${BASELINE:-}" ]; then
-    echo "== bench llama-3.2-1b, the previous engine (gemm_ex, unpipelined attention, serial)"
-    TINYCHAT_GEMM=cublas TINYCHAT_DECODE_PIPELINE=0 timeout "${T_BASELINE:-110}" $BENCH latency \
+    echo "== bench llama-3.2-1b, the serial engine (no async scheduling)"
+    timeout "${T_BASELINE:-110}" $BENCH latency \
       decode --config llama-3.2-1b --capture-at-start --no-async-scheduling \
       --json "$OUT/bench_llama_baseline.json" 2>&1 | tail -9
   fi
