@@ -95,8 +95,10 @@ Measured on the H200 (issue 5, cold KV): batch 64 / context 1024 in 76.7 us (1.7
 so the 128-register cap (4 blocks per SM, a 40-byte spill) is the next thing to try
 (TINYCHAT_DECODE_BLOCKS_PER_SM, not yet measured). With the separate reduce kernel, batch 1
 took 15.6 us at context 128 and 21.7 us at 1,024 (was 48): latency-bound, the launch of 256
-blocks and the reduce kernel dominated. The fused merge and the empty splits that exit at once
-are NOT YET MEASURED on the device.
+blocks and the reduce kernel dominated. With the merge fused and the empty splits exiting at
+once (third session): 9.65 us at context 32, 15.4 at 128, 21.7 at 1,024 — no faster, one
+launch fewer. Batch 1 is a chain of dependent round trips (seq_lens, the block table, K / V,
+the partials' fence and counter, the merge's reads), ~10 us whatever the context.
 
 Tried and dropped (issue 5, third session): issuing the next tile's K loads during this tile's
 softmax and P @ V, and its V loads during the next scores, in the same registers. ptxas then
