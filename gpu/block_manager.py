@@ -126,8 +126,7 @@ class BlockManager:
 
         Only blocks of known tokens: a placeholder of a step in flight (Sequence.num_pending)
         is computed but not known yet, so its block waits for the engine's next call."""
-        known = len(seq.token_ids) - seq.num_pending
-        num_full = min(seq.num_computed_tokens, known) // self.block_size
+        num_full = min(seq.num_computed_tokens, seq.num_known_tokens) // self.block_size
         if num_full <= len(seq.block_hashes) or not self.enable_prefix_caching:
             return  # the common decode step: no block filled up
         num_full = min(num_full, len(seq.block_table))

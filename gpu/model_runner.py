@@ -204,8 +204,3 @@ class ModelRunner:
         if self._launch is not None:
             return sampled, self._launch(batch, md), md
         return sampled, ReadyResult(self.executor.execute(batch, md)), md
-
-    def run(self, sched: SchedulerOutput) -> tuple[list[Sequence], np.ndarray]:
-        """launch and wait: the serial step."""
-        sampled, handle, _ = self.launch(sched)
-        return sampled, handle.result()

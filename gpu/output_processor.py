@@ -49,7 +49,7 @@ def _token_arrived(seq: Sequence, token: int, now: float) -> None:
     if (
         token in seq.finishing_token_ids
         or seq.stop_strings
-        or len(seq.token_ids) - seq.num_pending >= seq.length_limit
+        or seq.num_known_tokens >= seq.length_limit
     ):
         _check_stop_conditions(seq, token)
     elif seq.detokenizer is not None:
@@ -62,7 +62,7 @@ def _check_stop_conditions(seq: Sequence, token: int) -> None:
     """Every stop condition, in order: EOS, stop token, stop string, length. Counts only the
     tokens known on the host (a placeholder of a later step in flight is not there yet)."""
     params = seq.params
-    n_out = len(seq.output_token_ids) - seq.num_pending
+    n_out = seq.num_output_tokens
     if n_out >= params.min_tokens:
         if not params.ignore_eos and token in seq.eos_token_ids:
             seq.finish_reason = "stop"
@@ -76,7 +76,7 @@ def _check_stop_conditions(seq: Sequence, token: int) -> None:
     if seq.finish_reason is None:
         if params.max_tokens is not None and n_out >= params.max_tokens:
             seq.finish_reason = "length"
-        elif len(seq.token_ids) - seq.num_pending >= seq.max_model_len:
+        elif seq.num_known_tokens >= seq.max_model_len:
             seq.finish_reason = "length"
     if seq.finish_reason is not None and seq.stop_reason is None and seq.detokenizer is not None:
         seq.output_text += seq.detokenizer.flush()  # a character left unfinished at the end
@@ -112,7 +112,7 @@ def make_output(seq: Sequence, finished: bool) -> RequestOutput | None:
         return None
     output_text = seq.output_text
     end = visible_text_end(seq) if seq.stop_strings else len(output_text)
-    num_known = len(seq.output_token_ids) - seq.num_pending  # not a token still in flight
+    num_known = seq.num_output_tokens  # not a token still in flight
     if kind is _DELTA:
         text = output_text[seq.num_text_sent : end]
         token_ids = seq.output_token_ids[seq.num_tokens_sent : num_known]

@@ -137,6 +137,11 @@ class Sequence:
         return len(self.output_token_ids) - self.num_pending
 
     @property
+    def num_known_tokens(self) -> int:
+        """Tokens known on the host: num_tokens less the placeholders of steps in flight."""
+        return len(self.token_ids) - self.num_pending
+
+    @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
