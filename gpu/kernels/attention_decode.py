@@ -75,7 +75,9 @@ Registers. launch_bounds asks ptxas to fit BLOCKS_PER_SM blocks of 128 threads o
 at most 65536 / (128 * BLOCKS_PER_SM) registers a thread: 128 at the default 4, where ptxas
 reports a 40-byte spill. BLOCKS_PER_SM is read once, at import, from the environment variable
 TINYCHAT_DECODE_BLOCKS_PER_SM (default 4; 3 allows 168 registers, 2 allows 255), to try the
-trade of fewer resident blocks for no spill on the bandwidth-bound cases (batch 64 / 256). It
+trade of fewer resident blocks for no spill on the bandwidth-bound cases (batch 64 / 256);
+TINYCHAT_DECODE_UNROLL (default 4) the other way round: 2 tokens a slot halves the loads and
+registers of a tile, so more blocks fit and hide each other's waits. It
 changes only the code generation, not choose_num_splits (SPLIT_BLOCKS_PER_SM), so the grids,
 graph buckets and numerics stay the same. Numba's on-disk cache key ignores launch bounds, so
 only the default build is cached.
@@ -133,7 +135,8 @@ from gpu.kernels.bf16 import bf16_of_word, f32_to_bf16
 from gpu.kernels.launch import SIMULATOR, cdiv, threads
 
 DIMS = 8  # head dimensions per lane: two 8-byte words of four bf16
-UNROLL = 4  # tokens per token slot per tile
+DEFAULT_UNROLL = 4  # tokens per token slot per tile
+UNROLL_ENV = "TINYCHAT_DECODE_UNROLL"
 MAX_GROUP = 8  # query heads per KV head
 MAX_SPLITS = 32
 SPLIT_BLOCKS_PER_SM = 4  # choose_num_splits aims at this many busy blocks per SM
@@ -155,7 +158,18 @@ def _blocks_per_sm() -> int:
     return int(text)
 
 
+def _unroll() -> int:
+    """Tokens per token slot per tile: $TINYCHAT_DECODE_UNROLL (1, 2, 4 or 8) or 4. Fewer
+    means fewer registers (more resident blocks to hide each one's load latency), more means
+    more bytes in flight per block; tests/device/ab.sh sweeps it with BLOCKS_PER_SM."""
+    text = os.environ.get(UNROLL_ENV, "").strip() or str(DEFAULT_UNROLL)
+    if text not in ("1", "2", "4", "8"):
+        raise ValueError(f"{UNROLL_ENV} must be 1, 2, 4 or 8, not {text!r}")
+    return int(text)
+
+
 BLOCKS_PER_SM = _blocks_per_sm()  # read once, at import
+UNROLL = _unroll()
 
 _ARGS = (
     "float32[:, ::1], uint64[:, :, :, ::1], uint64[:, :, :, ::1], int32[::1], int32[::1],"
@@ -427,10 +441,10 @@ def decode_kernel(head_dim: int, group: int, block_size: int):
     if simulated:
         return cuda.jit(cache=True)(kernel)
     # At most 65536 / (128 * BLOCKS_PER_SM) registers a thread (4: 128, and ptxas spills 40
-    # bytes). The on-disk cache key ignores launch bounds: cache the default build only.
-    return cuda.jit(
-        cache=BLOCKS_PER_SM == DEFAULT_BLOCKS_PER_SM, launch_bounds=(nthreads, BLOCKS_PER_SM)
-    )(kernel)
+    # bytes). The on-disk cache key ignores launch bounds and closure constants: cache the
+    # default build only.
+    default = BLOCKS_PER_SM == DEFAULT_BLOCKS_PER_SM and UNROLL == DEFAULT_UNROLL
+    return cuda.jit(cache=default, launch_bounds=(nthreads, BLOCKS_PER_SM))(kernel)
 
 
 # The specialisations of the preset models (Llama-3.2-1B: head_dim 64, group 4; SmolLM2-135M:
