@@ -171,6 +171,12 @@ class LLMEngine:
             if out is not None:
                 self._pending.append(out)
 
+    @property
+    def step_in_flight(self) -> SchedulerOutput | None:
+        """The step launched and not yet processed (async scheduling), whose ids the next
+        step() waits for: that call's wall time is mostly this step's device time."""
+        return None if self._in_flight is None else self._in_flight.sched
+
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests) or bool(self._pending) or self._in_flight is not None
 

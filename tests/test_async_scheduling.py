@@ -235,6 +235,24 @@ def test_abort_right_after_a_launch_discards_the_token_in_flight():
     assert engine.block_manager.num_used_blocks == 0
 
 
+def test_step_in_flight_is_the_step_the_next_call_waits_for():
+    """Async: after a call, step_in_flight is the step it launched (the next call processes
+    it); serial: always None, each call processes its own step."""
+    engine = tiny_engine()
+    engine.add_request(PROMPTS[0], greedy(3))
+    engine.step()
+    assert engine.step_in_flight.num_prefill_tokens == len(PROMPTS[0])  # the prefill
+    engine.step()
+    assert engine.step_in_flight.num_prefill_tokens == 0  # then decodes
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.step_in_flight is None
+    serial = tiny_engine(async_scheduling=False)
+    serial.add_request(PROMPTS[0], greedy(3))
+    serial.step()
+    assert serial.step_in_flight is None
+
+
 def test_preemption_matches():
     """Too few KV blocks for everyone: sequences are preempted and recomputed (the engine
     drains first when a sequence with a token in flight would be preempted)."""

@@ -7,6 +7,9 @@ from __future__ import annotations
 import json
 
 from chat_app.cli import main
+from gpu.bench import workloads
+from gpu.bench.standin import standin_engine
+from gpu.sampling_params import SamplingParams
 
 
 def test_bench_writes_every_workload(tmp_path, capsys):
@@ -33,3 +36,26 @@ def test_bench_writes_every_workload(tmp_path, capsys):
 def test_bench_scheduler_overhead(capsys):
     assert main(["bench", "scheduler"]) == 0
     assert "us/seq" in capsys.readouterr().out
+
+
+def test_the_step_timer_files_a_call_by_the_step_it_waits_for():
+    """With async scheduling the call that launches the first decode waits for the prefill:
+    it is a prompt step's wall time, not a decode step's."""
+    engine = standin_engine(decode_ms=0.1, launch_us=0.0)
+    timer = workloads._StepTimer(engine)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, detokenize=False)
+    engine.add_request(list(range(1, 40)), params)
+    while engine.has_unfinished_requests():
+        engine.step()
+    timer.close()
+    assert len(timer.mixed) == 2  # the prefill's launch, then the wait for it
+    assert len(timer.decode) >= 4
+
+
+def test_the_gpu_stand_in_takes_its_device_time_per_step():
+    """The stand-in executor's steps last decode_ms (slept, not spun): the chat workload on it
+    streams at that pace, which is what makes it a reproduction of the GPU's."""
+    engine = standin_engine(decode_ms=2.0, launch_us=0.0)
+    r = workloads.chat_run(engine, sessions=2, turns=1, arrival_s=0.0, long_prompt=100)
+    assert r.itl_p50_ms >= 1.9 and r.single_itl_p50_ms >= 1.9
+    assert r.decode_step_p50_ms >= 1.5

@@ -289,8 +289,8 @@ def print_table(r: dict) -> None:
             f"{x['single_itl_p50_ms']:.2f} p99 {x['single_itl_p99_ms']:.2f}); a "
             f"{x['long_prompt_tokens']}-token prompt: first token in "
             f"{x['long_prompt_ttft_ms']:.1f} ms\n"
-            f"  engine steps: decode p50 {x['decode_step_p50_ms']:.2f} p99 "
-            f"{x['decode_step_p99_ms']:.2f} ms, with prompt tokens ({x['mixed_steps']}) p50 "
+            f"  engine steps, by the step they wait for: decode p50 {x['decode_step_p50_ms']:.2f}"
+            f" p99 {x['decode_step_p99_ms']:.2f} ms, with prompt tokens ({x['mixed_steps']}) p50 "
             f"{x['mixed_step_p50_ms']:.2f} p99 {x['mixed_step_p99_ms']:.2f} ms; "
             f"{x['gc_pauses']} GC pauses, longest {x['gc_max_ms']:.2f} ms\n"
         )

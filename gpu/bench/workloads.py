@@ -139,8 +139,8 @@ class ChatResult:
     long_prompt_tokens: int
     long_prompt_ttft_ms: float  # a long prompt arriving while the other sessions stream
     # Where the tail comes from: engine.step() wall times of the group phase, split by whether
-    # the step carried prompt tokens (a new turn's prefill) or only decodes, and the pauses of
-    # Python's garbage collector over the whole run.
+    # the step they wait for (see _StepTimer) carried prompt tokens (a new turn's prefill) or
+    # only decodes, and the pauses of Python's garbage collector over the whole run.
     decode_step_p50_ms: float = float("nan")
     decode_step_p99_ms: float = float("nan")
     mixed_step_p50_ms: float = float("nan")
@@ -153,7 +153,12 @@ class ChatResult:
 
 class _StepTimer:
     """Times every engine.step() (shadowing the method on the instance) and every collection
-    of the garbage collector, until close()."""
+    of the garbage collector, until close().
+
+    A step() call is filed by the step it waits for, not the one it launches: with async
+    scheduling the call launches step N+1 and then waits for step N's ids, so its wall time is
+    mostly N's device time. (Filed by the launched step, the steps that follow a prefill look
+    like slow decode steps and the prefill steps look as fast as decodes.)"""
 
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
@@ -164,16 +169,22 @@ class _StepTimer:
         step = engine.step
 
         def timed_step():
+            waited = engine.step_in_flight  # None when serial: the call waits for its own
             t0 = time.perf_counter()
             out = step()
             dt = time.perf_counter() - t0
             last = engine.last_step
-            if last is not None and last.batch_size:
-                (self.mixed if last.num_prefill_tokens else self.decode).append(dt)
+            if waited is not None:
+                self.file(dt, waited.num_prefill_tokens)
+            elif last is not None and last.batch_size:
+                self.file(dt, last.num_prefill_tokens)
             return out
 
         engine.step = timed_step
         gc.callbacks.append(self._on_gc)
+
+    def file(self, seconds: float, prompt_tokens: int) -> None:
+        (self.mixed if prompt_tokens else self.decode).append(seconds)
 
     def _on_gc(self, phase: str, info: dict) -> None:
         if phase == "start":
