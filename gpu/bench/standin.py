@@ -85,6 +85,7 @@ def _spin(seconds: float) -> None:
 def standin_engine(
     decode_ms: float = 1.2,
     launch_us: float = 60.0,
+    prefill_us_per_token: float = 10.0,
     vocab_size: int = 32000,
     max_model_len: int = 4096,
     async_scheduling: bool = True,
@@ -94,7 +95,7 @@ def standin_engine(
     engine_cfg = EngineConfig(
         max_num_seqs=256, max_num_batched_tokens=2048, async_scheduling=async_scheduling
     )
-    executor = TimedExecutor(vocab_size, decode_ms=decode_ms, launch_us=launch_us)
+    executor = TimedExecutor(vocab_size, decode_ms, prefill_us_per_token, launch_us)
     return LLMEngine(
         executor,
         None,
@@ -114,11 +115,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--decode-ms", type=float, default=1.2)
     p.add_argument("--launch-us", type=float, default=60.0)
+    p.add_argument("--prefill-us", type=float, default=10.0, help="device us per prompt token")
     p.add_argument("--long-prompt", type=int, default=1000)
     p.add_argument("--no-async-scheduling", action="store_true")
     args = p.parse_args(argv)
     engine = standin_engine(
-        args.decode_ms, args.launch_us, async_scheduling=not args.no_async_scheduling
+        args.decode_ms,
+        args.launch_us,
+        args.prefill_us,
+        async_scheduling=not args.no_async_scheduling,
     )
     r = chat_run(engine, args.sessions, args.turns, long_prompt=args.long_prompt)
     print(

@@ -71,6 +71,13 @@ def instrument(engine, timer: PhaseTimer) -> None:
     timer.wrap(engine.scheduler, "schedule")
     timer.wrap(EngineThread, "_apply_commands")  # class level: the instance is made in chat_run
     timer.wrap(EngineThread, "_deliver")
+    init = EngineThread.__init__
+
+    def init_and_time_idle_waits(et, *args, **kwargs):
+        init(et, *args, **kwargs)
+        timer.wrap(et._wake, "wait", "idle wait")  # the loop found nothing to do
+
+    EngineThread.__init__ = init_and_time_idle_waits
     launch, process = engine.runner.launch, engine._process
 
     def timed_launch(sched):
@@ -109,26 +116,24 @@ def _row(label: str, records: list[dict], key: str = "step") -> str:
     )
 
 
-def report(timer: PhaseTimer) -> None:
+def report(timer: PhaseTimer, min_batch: int = 2) -> None:
     """Step wall times split by what the step launched and what it waited for, then the
-    phases of the steps the bench calls decode steps, the slowest 1% beside the median."""
-    steps = [r for r in timer.records if r.get("batch", 0) > 1]
+    phases of the steps that launch decodes, the slowest 1% beside the median."""
+    steps = [r for r in timer.records if r.get("batch", 0) >= min_batch]
     decode = [r for r in steps if not r.get("launched_prompt_tokens")]
     after_decode = [r for r in decode if not r.get("processed_prompt_tokens")]
     after_mixed = [r for r in decode if r.get("processed_prompt_tokens")]
     print(f"{'engine.step() wall ms':<44}{'n':>6}{'p50':>8}{'p99':>8}{'max':>8}")
-    print(_row("launches a decode step (the bench's 'decode')", decode))
-    print(_row("  ... processing a decode step", after_decode))
-    print(_row("  ... processing a step with prompt tokens", after_mixed))
-    print(
-        _row("launches prompt tokens (the bench's 'mixed')", [r for r in steps if r not in decode])
-    )
+    print(_row("launches decodes (the old bench's 'decode')", decode))
+    print(_row("  ... and waits for decodes", after_decode))
+    print(_row("  ... and waits for a prompt step", after_mixed))
+    print(_row("launches prompt tokens", [r for r in steps if r not in decode]))
     if not decode:
         return
     cut = np.percentile([r["step"] for r in decode], 99)
     slow = [r for r in decode if r["step"] > cut]
     keys = sorted({k for r in decode for k in r} - {"batch"})
-    print(f"phases of the bench's decode steps: {'p50':>8}{'p99':>8}{'slowest 1% mean':>17}")
+    print(f"phases of the steps launching decodes: {'p50':>8}{'p99':>8}{'slowest 1% mean':>17}")
     for k in keys:
         v = np.array([r.get(k, 0.0) for r in decode])
         s = np.mean([r.get(k, 0.0) for r in slow])
@@ -142,7 +147,7 @@ def report(timer: PhaseTimer) -> None:
 def _engine(args: argparse.Namespace):
     """The stand-in engine, or (--device cuda) the bench's engine, warmed up as the bench does."""
     if args.device == "standin":
-        return standin.standin_engine(args.decode_ms, args.launch_us)
+        return standin.standin_engine(args.decode_ms, args.launch_us, args.prefill_us)
     from gpu.bench import _build, add_bench_arguments, workloads
 
     bench = argparse.ArgumentParser()
@@ -184,6 +189,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--decode-ms", type=float, default=1.2, help="stand-in: GPU ms of a step")
     p.add_argument("--launch-us", type=float, default=60.0, help="stand-in: host us of a launch")
+    p.add_argument("--prefill-us", type=float, default=10.0, help="stand-in: us per prompt token")
     p.add_argument("--no-phases", action="store_true", help="the bench's figures only")
     args = p.parse_args()
     for _ in range(args.repeats):
@@ -200,7 +206,12 @@ def main() -> None:
             flush=True,
         )
         if not args.no_phases:
-            report(timer)
+            report(timer, min(2, args.sessions))
+            idle = [r["idle wait"] for r in timer.records if "idle wait" in r]
+            print(
+                f"idle waits between steps: {len(idle)} ({1e3 * sum(idle):.1f} ms in all); "
+                f"drains (serial fallbacks): {engine.num_drains}"
+            )
         if args.device == "cuda":
             replay = mixed_replay_ms(engine)
             print("mixed graphs of 8 sequences, GPU ms by token bucket:", flush=True)
