@@ -63,8 +63,15 @@ The design, from the top:
 
 All shapes come from device buffers (query_start_loc, seq_lens, the block table and its row
 stride in a one-element device array): no host value of the step is baked into the launch but
-the number of sequences. A sequence with seq_len 0 (graph padding) writes zeros from split 0
-and reads nothing.
+the number of sequences.
+
+Mixed steps. The kernel also serves the decode rows of a step that carries prompt chunks: a
+sequence with more or fewer than one query row this step exits at once, and the prefill kernel
+(run with decode_rows=False) takes exactly those. Without this a decode row in a mixed step
+walked its whole context in one prefill block (no split-KV): with 7 chats streaming and an
+8th's new turn arriving, that serial walk over each layer was most of the step.
+
+A sequence with seq_len 0 (graph padding) writes zeros from split 0 and reads nothing.
 
 In the CUDA simulator (no warp shuffles) the lane sums go through shared memory with two
 barriers per tile; one `if SIMULATOR` picks the path and the GPU build drops the other. The
@@ -255,7 +262,10 @@ def decode_kernel(head_dim: int, group: int, block_size: int):
         # read where first needed, behind the branch on ctx).
         ctx = seq_lens[b]
         row = query_start_loc[b]
+        rows = query_start_loc[b + 1] - row
         table = b * block_table_stride[0]
+        if rows != 1:
+            return  # a prompt chunk of a mixed step (or no row): the prefill kernel's
         # This split's share of the context: whole tiles, the last splits short or empty.
         # `busy` splits hold tokens (one for a padding row, ctx 0); the others exit at once.
         chunk = (ctx + num_splits - 1) // num_splits
@@ -509,7 +519,8 @@ def decode_attention(
     *,
     counters=None,
 ) -> None:
-    """out [B, nh * hd] bf16: attention of the one query row of each of num_seqs sequences.
+    """out [T, nh * hd] bf16: attention of the query row of each of num_seqs sequences that
+    has exactly one this step (the others are left to prefill_attention).
 
     k_cache / v_cache: [blocks, block_size, nkv, hd] bf16 bits (uint16). part_acc / part_ml:
     float32 scratch of at least partial_sizes(...) elements; counters: int32 of at least

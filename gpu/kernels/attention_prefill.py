@@ -440,11 +440,13 @@ def prefill_attention(
     out,
     stream=0,
     tiles: tuple[Tiles, Tiles] | None = None,
+    decode_rows: bool = True,
 ) -> None:
     """out [T, nh * hd] bf16: causal attention of every query row over its sequence's cache.
 
     tiles: (wide, narrow) configurations, choose_tiles' by default (tests and benchmarks pass
-    others)."""
+    others). decode_rows False: sequences with a single row this step are skipped (the cuda
+    backend runs them through attention_decode's split-KV kernel)."""
     if num_seqs == 0 or max_query_len == 0:
         return
     block_size, nkv, hd = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
@@ -466,4 +468,4 @@ def prefill_attention(
     # count), so a sequence of few rows can hide behind it; if none has few, these blocks exit.
     kernel = get_kernel(hd, group, block_size, narrow)
     grid = (cdiv(min(max_query_len, small), narrow.query_tokens(group)), nkv, num_seqs)
-    kernel[grid, narrow.threads, stream](*args, 1, small, out)
+    kernel[grid, narrow.threads, stream](*args, 1 if decode_rows else 2, small, out)

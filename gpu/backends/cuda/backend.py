@@ -335,29 +335,30 @@ class CudaBackend(ComposedOps):
         scale: float,
         out: Any,
     ) -> None:
-        """Decode kernel (split-KV) for one-token-per-sequence steps, prefill kernel otherwise.
+        """The split-KV decode kernel for the sequences with one query row this step, the
+        prefill kernel for those with more (a mixed step runs both, each skipping the other's).
 
         batch must be a DeviceForwardBatch (device arrays, flat block table + stride)."""
         tables, stride = batch.block_tables, batch.block_table_stride
-        if batch.max_query_len == 1 and batch.num_tokens == batch.num_seqs:
-            splits = attention_decode.choose_num_splits(batch.num_seqs, num_kv_heads, self.num_sms)
-            acc, ml = attention_decode.partial_sizes(batch.num_seqs, num_heads, head_dim, splits)
-            cnt = attention_decode.counter_size(batch.num_seqs, num_kv_heads, splits)
-            if (
-                acc > self._part_acc.shape[0]
-                or ml > self._part_ml.shape[0]
-                or cnt > self._split_counters.shape[0]
-            ):
-                self.reserve_attention_scratch(batch.num_seqs, num_heads, num_kv_heads, head_dim)
-            attention_decode.decode_attention(
-                qkv, k_cache, v_cache, tables, stride, batch.query_start_loc, batch.seq_lens,
-                batch.num_seqs, num_heads, scale, out, self._part_acc, self._part_ml,
-                splits, self.stream, counters=self._split_counters,
-            )  # fmt: skip
-        else:
+        splits = attention_decode.choose_num_splits(batch.num_seqs, num_kv_heads, self.num_sms)
+        acc, ml = attention_decode.partial_sizes(batch.num_seqs, num_heads, head_dim, splits)
+        cnt = attention_decode.counter_size(batch.num_seqs, num_kv_heads, splits)
+        if (
+            acc > self._part_acc.shape[0]
+            or ml > self._part_ml.shape[0]
+            or cnt > self._split_counters.shape[0]
+        ):
+            self.reserve_attention_scratch(batch.num_seqs, num_heads, num_kv_heads, head_dim)
+        attention_decode.decode_attention(
+            qkv, k_cache, v_cache, tables, stride, batch.query_start_loc, batch.seq_lens,
+            batch.num_seqs, num_heads, scale, out, self._part_acc, self._part_ml,
+            splits, self.stream, counters=self._split_counters,
+        )  # fmt: skip
+        if batch.max_query_len > 1:
             attention_prefill.prefill_attention(
                 qkv, k_cache, v_cache, tables, stride, batch.query_start_loc, batch.seq_lens,
                 batch.num_seqs, batch.max_query_len, num_heads, scale, out, self.stream,
+                decode_rows=False,
             )  # fmt: skip
         self.check("attention")
 
