@@ -25,7 +25,6 @@ MODULES = [
     "gpu.kernels.attention_decode",
     "gpu.kernels.attention_prefill",
     "gpu.kernels.activation",
-    "gpu.kernels.residual",
     "gpu.kernels.sampling",
     "gpu.kernels.argmax",
     "gpu.kernels.gemv",

@@ -22,12 +22,10 @@ from gpu.model_weights import random_hf_tensors
 GREEDY = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
 
 
-def _engines(config, split_k_mode="auto", **engine_args):
+def _engines(config, **engine_args):
     tensors = {k: round_to_bf16(v) for k, v in random_hf_tensors(config, seed=3, std=0.1).items()}
     engines = []
-    gpu_backend = CudaBackend(debug=True)
-    gpu_backend.split_k_mode = split_k_mode
-    for backend in (CpuBackend(), gpu_backend):
+    for backend in (CpuBackend(), CudaBackend(debug=True)):
         engines.append(
             build_engine(config, tensors.__getitem__, backend, EngineConfig(**engine_args))
         )
@@ -57,29 +55,15 @@ def _logits(engine) -> np.ndarray:
 PROMPTS = [[5, 17, 33, 2, 9, 41, 7], [11, 3], [60, 61, 62, 63, 64]]
 
 
-#
-# split_k: "auto" never splits these tiny matrices; "2" and "3" force split-K products (K = 48,
-# 64 or 96: 3 slices where K allows, else 2), whose partial sums the next rmsnorm, the rope
-# kernel, or (before a mixed step's gather) add_partials add.
-@pytest.mark.parametrize(("gqa", "budget", "prompts", "split_k"), [
-    (2, 8, PROMPTS, "auto"), (3, 16, PROMPTS, "auto"), (2, 8, PROMPTS[:1], "auto"),
-    (2, 8, PROMPTS, "2"), (3, 16, PROMPTS, "3"),
-])  # fmt: skip
-def test_engine_steps_match_the_cpu_backend(gqa, budget, prompts, split_k):
+@pytest.mark.parametrize(("gqa", "budget", "prompts"), [(2, 8, PROMPTS), (3, 16, PROMPTS),
+                                                        (2, 8, PROMPTS[:1])])  # fmt: skip
+def test_engine_steps_match_the_cpu_backend(gqa, budget, prompts):
     config = tiny_config(
         num_hidden_layers=1, num_attention_heads=2 * gqa, num_key_value_heads=2, head_dim=16,
         hidden_size=48, intermediate_size=64, vocab_size=96,
     )  # fmt: skip
     cpu, gpu = _engines(
-        config, split_k, block_size=4, num_kv_blocks=24, max_num_batched_tokens=budget,
-        max_num_seqs=3,
-    )  # fmt: skip
-    backend = gpu.runner.executor.model.backend
-    split_calls = []
-    linear_split_k = backend.gemm.linear_split_k
-    backend.gemm.linear_split_k = lambda x, w, p: (
-        split_calls.append(p.shape),
-        linear_split_k(x, w, p),
+        config, block_size=4, num_kv_blocks=24, max_num_batched_tokens=budget, max_num_seqs=3
     )
     for engine in (cpu, gpu):
         engine.runner.executor = RecordRows(engine.runner.executor)
@@ -102,6 +86,3 @@ def test_engine_steps_match_the_cpu_backend(gqa, budget, prompts, split_k):
         assert steps < 20
     assert finished[0] == finished[1]
     assert gpu.block_manager.num_used_blocks == 0
-    assert bool(split_calls) == (split_k != "auto")
-    if split_k == "3":
-        assert {shape[0] for shape in split_calls} == {2, 3}

@@ -22,7 +22,7 @@ from kernel_helpers import (
 from numba import cuda, float32, float64, int32
 
 from gpu.backends.cpu import CpuBackend
-from gpu.kernels import activation, block_reduce, embedding, residual, rmsnorm, rope_kv
+from gpu.kernels import activation, block_reduce, embedding, rmsnorm, rope_kv
 from gpu.kernels.bf16 import (
     bf16_to_f32,
     f32_to_bf16,
@@ -194,32 +194,6 @@ def test_rmsnorm_with_the_gpu_reduction():
     assert_close(from_bf16_bits(got), expected, BF16_RTOL, 1e-6, seed, "rmsnorm")
 
 
-# The fused residual add of a split-K product: 1, 2 and 3 partial sums; 72 and 100 rows are
-# no multiple of the block.
-@pytest.mark.parametrize("rows, hidden, splits", [(3, 72, 2), (1, 100, 3), (4, 64, 1)])
-def test_rmsnorm_adds_split_k_partials_first(rows, hidden, splits):
-    rng, seed = fresh_rng()
-    x, w = _rmsnorm_inputs(rng, rows, hidden)
-    partials = rng.standard_normal((splits, rows, hidden)).astype(np.float32)
-    d_x, out = cuda.to_device(x), poisoned(x.shape, np.uint16)
-    rmsnorm.rmsnorm(d_x, cuda.to_device(w), 1e-5, out, partials=cuda.to_device(partials))
-    new_residual = x + partials.sum(axis=0)
-    expected = np.zeros_like(x)
-    cpu.rmsnorm(new_residual, w, 1e-5, expected)
-    assert_close(synced(d_x), new_residual, 1e-6, 1e-6, seed, "residual")
-    assert_close(from_bf16_bits(synced(out)), expected, BF16_RTOL, 1e-6, seed, "rmsnorm")
-
-
-@pytest.mark.parametrize("rows, hidden, splits", [(3, 50, 2), (1, 7, 4)])
-def test_add_partials(rows, hidden, splits):
-    rng, seed = fresh_rng()
-    x = rng.standard_normal((rows, hidden)).astype(np.float32)
-    partials = rng.standard_normal((splits, rows, hidden)).astype(np.float32)
-    d_x = cuda.to_device(x)
-    residual.add_partials(d_x, cuda.to_device(partials))
-    assert_close(synced(d_x), x + partials.sum(axis=0), 1e-6, 1e-6, seed, "add_partials")
-
-
 def test_row_threads_give_about_eight_elements_a_thread():
     assert [rmsnorm.row_threads(h) for h in (1, 576, 2048, 3072, 4096, 16384, 10**6)] == [
         32, 128, 256, 512, 512, 1024, 1024,
@@ -250,9 +224,8 @@ def test_silu_mul(rows):
         (4, 5, 1, 6, None),  # hd/2 = 3: a block that is no multiple of anything
     ],
 )
-@pytest.mark.parametrize("splits", [0, 3])  # 0: qkv in place; 3: from split-K partial sums
 def test_rope_rotates_in_place_and_writes_the_paged_cache(
-    tokens, num_heads, num_kv_heads, head_dim, scaling, splits
+    tokens, num_heads, num_kv_heads, head_dim, scaling
 ):
     rng, seed = fresh_rng()
     rope_scaling = None
@@ -273,20 +246,14 @@ def test_rope_rotates_in_place_and_writes_the_paged_cache(
     k_before = bf16_values(rng, shape)
     v_before = bf16_values(rng, shape)
 
-    partials = None
-    d_qkv = cuda.to_device(qkv)
-    if splits:  # qkv is their sum; the kernel must not read what d_qkv held
-        parts = rng.standard_normal((splits, tokens, width)).astype(np.float32)
-        qkv = parts.sum(axis=0)
-        partials = cuda.to_device(parts)
-    k_cache, v_cache = (
+    d_qkv, k_cache, v_cache = (
+        cuda.to_device(qkv),
         cuda.to_device(to_bf16_bits(k_before)),
         cuda.to_device(to_bf16_bits(v_before)),
     )
     rope_kv.rope_kv_write(
         d_qkv, cuda.to_device(positions), cuda.to_device(cos), cuda.to_device(sin),
         k_cache, v_cache, cuda.to_device(slots), num_heads, num_kv_heads, head_dim,
-        partials=partials,
     )  # fmt: skip
     expected_qkv, k_expected, v_expected = qkv.copy(), k_before.copy(), v_before.copy()
     cpu.rope_kv_write(

@@ -28,11 +28,6 @@ A row longer than ROW_IN_REGISTERS_MAX (16 x 1024 floats) takes the general kern
 strided loop over the row for the sum of squares, the same reduction, and a second strided
 sweep that re-reads the row (from L1/L2).
 
-Fused residual add (vLLM's fused_add_rms_norm). With `partials` [S, T, H] (a split-K product's
-S partial sums, gpu/backends/cuda/split_k.py), the kernel first adds them to the row, x += sum_s
-partials[s], writes the new residual back, and normalises that: the product's reduction and the
-residual add cost no launch of their own. The partials are read with the row, all in flight.
-
 Expected on the H200 (not yet measured on the device): ~2 us for a few rows of 2048 (was 5.5 us
 with the strided loops and a 10-barrier tree); at 4096 rows close to the copy rate (32 MB read
 and 16 MB written at hidden 2048: ~12-15 us).
@@ -49,13 +44,12 @@ from numba import cuda, float32
 
 from gpu.kernels.bf16 import f32_to_bf16
 from gpu.kernels.block_reduce import block_sum
-from gpu.kernels.launch import MAX_THREADS, cdiv, device_function, threads
+from gpu.kernels.launch import MAX_THREADS, cdiv, threads
 
 ELEMENTS_PER_THREAD = 8  # the target of row_threads
 ROW_IN_REGISTERS_MAX = 16 * MAX_THREADS  # longer rows take the general (strided) kernel
 
 _ARGS = "float32[:, ::1], float32[::1], float64, uint16[:, ::1]"
-_ADD_ARGS = "float32[:, ::1], float32[:, :, ::1], float32[::1], float64, uint16[:, ::1]"
 
 
 def row_threads(hidden: int) -> int:
@@ -67,31 +61,14 @@ def row_threads(hidden: int) -> int:
 
 
 @functools.cache
-def row_kernel(hidden: int, add_partials: bool = False):
-    """The rmsnorm kernel that holds a row of `hidden` in registers; with add_partials, the one
-    that first adds a split-K product's partial sums to the row (x += sum_s partials[s])."""
+def row_kernel(hidden: int):
+    """The rmsnorm kernel that holds a row of `hidden` in registers."""
     nthreads = threads(row_threads(hidden))  # the simulator: 32, with a longer `per`
     per = cdiv(hidden, nthreads)
     last = hidden - 1
     exact = per * nthreads == hidden  # no thread has slots past the row: no guards
 
-    if add_partials:
-
-        @device_function
-        def load(x, partials, row, i):
-            value = x[row, i]
-            for s in range(partials.shape[0]):
-                value += partials[s, row, i]
-            return value
-
-    else:
-
-        @device_function
-        def load(x, partials, row, i):
-            return x[row, i]
-
-    @device_function
-    def normalise(x, partials, weight, eps, out):
+    def rmsnorm_row(x, weight, eps, out):
         buf = cuda.shared.array(nthreads, float32)
         xs = cuda.local.array(per, float32)
         ws = cuda.local.array(per, float32)
@@ -99,30 +76,18 @@ def row_kernel(hidden: int, add_partials: bool = False):
         tid = cuda.threadIdx.x
         for k in range(per):  # all loads in flight at once
             i = min(tid + k * nthreads, last)
-            xs[k] = load(x, partials, row, i)
+            xs[k] = x[row, i]
             ws[k] = weight[i]
         squares = float32(0.0)
         for k in range(per):
             if exact or tid + k * nthreads < hidden:
                 squares += xs[k] * xs[k]
-                if add_partials:
-                    x[row, tid + k * nthreads] = xs[k]
         total = block_sum(buf, squares)
         denom = math.sqrt(total / float32(hidden) + float32(eps))
         for k in range(per):
             i = tid + k * nthreads
             if exact or i < hidden:
                 out[row, i] = f32_to_bf16(xs[k] / denom * ws[k])
-
-    if add_partials:
-
-        def rmsnorm_add_row(x, partials, weight, eps, out):
-            normalise(x, partials, weight, eps, out)
-
-        return cuda.jit(cache=True)(rmsnorm_add_row)
-
-    def rmsnorm_row(x, weight, eps, out):
-        normalise(x, x, weight, eps, out)
 
     return cuda.jit(cache=True)(rmsnorm_row)
 
@@ -147,29 +112,19 @@ def rmsnorm_kernel(x, weight, eps, out):
 # by name, for the sm_90 compile test; any other size is built on first use.
 rmsnorm_row_2048 = row_kernel(2048)
 rmsnorm_row_576 = row_kernel(576)
-rmsnorm_add_row_2048 = row_kernel(2048, True)
-rmsnorm_add_row_576 = row_kernel(576, True)
 SIGNATURES = {
     "rmsnorm_kernel": [f"void({_ARGS})"],
     "rmsnorm_row_2048": [f"void({_ARGS})"],
     "rmsnorm_row_576": [f"void({_ARGS})"],
-    "rmsnorm_add_row_2048": [f"void({_ADD_ARGS})"],
-    "rmsnorm_add_row_576": [f"void({_ADD_ARGS})"],
 }
 
 
-def rmsnorm(x, weight, eps: float, out, stream=0, partials=None) -> None:
-    """out [T, H] bf16 = rmsnorm(x [T, H] f32) * weight [H] f32; with partials [S, T, H] f32,
-    first x += sum_s partials[s] (x is updated)."""
+def rmsnorm(x, weight, eps: float, out, stream=0) -> None:
+    """out [T, H] bf16 = rmsnorm(x [T, H] f32) * weight [H] f32."""
     rows, hidden = x.shape
     if rows == 0:
         return
-    if partials is not None:
-        if hidden > ROW_IN_REGISTERS_MAX or partials.shape[1:] != x.shape:
-            raise ValueError(f"rmsnorm: partials {partials.shape} for x {x.shape}")
-        kernel = row_kernel(hidden, True)
-        kernel[rows, threads(row_threads(hidden)), stream](x, partials, weight, float(eps), out)
-    elif hidden <= ROW_IN_REGISTERS_MAX:
+    if hidden <= ROW_IN_REGISTERS_MAX:
         kernel = row_kernel(hidden)
         kernel[rows, threads(row_threads(hidden)), stream](x, weight, float(eps), out)
     else:

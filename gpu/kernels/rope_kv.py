@@ -28,11 +28,6 @@ grid has tens of thousands of blocks, every warp reading and writing whole 128-b
 head's half row of x1, of x2, of cos and of sin): a streaming kernel. Each thread owns its
 pair, so the in-place update needs no barrier.
 
-Split-K input. `src` [S, T, N] holds S partial sums of the projection (a split-K product,
-gpu/backends/cuda/split_k.py); the kernel reads x1 and x2 as sums over S and writes every
-head's result (q, k rotated; v as is) to qkv [T, N], where attention reads q. With S = 1 src is
-qkv itself viewed as [1, T, N]: the same code, in place.
-
 Expected on the H200 (not yet measured on the device): ~2 us at 1-8 tokens, two dependent
 memory round trips (positions, then the cos/sin row) and the launch.
 
@@ -50,14 +45,14 @@ BLOCK_THREADS = 128  # per block on the GPU (32 in the simulator): 128 // (hd/2)
 
 SIGNATURES = {
     "rope_kv_kernel": [
-        "void(float32[:, :, ::1], float32[:, ::1], int32[::1], float32[:, ::1], float32[:, ::1],"
+        "void(float32[:, ::1], int32[::1], float32[:, ::1], float32[:, ::1],"
         " uint16[:, :, :, ::1], uint16[:, :, :, ::1], int32[::1], int64, int64, int64)"
     ]
 }
 
 
 @cuda.jit(cache=True)
-def rope_kv_kernel(src, qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, nh, nkv, hd):
+def rope_kv_kernel(qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, nh, nkv, hd):
     t = cuda.blockIdx.x
     j = cuda.threadIdx.x  # blockDim.x == hd // 2
     head = cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y
@@ -67,11 +62,8 @@ def rope_kv_kernel(src, qkv, positions, cos, sin, k_cache, v_cache, slot_mapping
     pos = positions[t]
     slot = slot_mapping[t]
     col = head * hd + j
-    x1 = src[0, t, col]
-    x2 = src[0, t, col + half]
-    for p in range(1, src.shape[0]):  # split-K partial sums (none past the first: S = 1)
-        x1 += src[p, t, col]
-        x2 += src[p, t, col + half]
+    x1 = qkv[t, col]
+    x2 = qkv[t, col + half]
     if head < nh + nkv:  # q or k: rotate in place
         c = cos[pos, j]
         s = sin[pos, j]
@@ -85,10 +77,7 @@ def rope_kv_kernel(src, qkv, positions, cos, sin, k_cache, v_cache, slot_mapping
             offset = slot - block * block_size
             k_cache[block, offset, head - nh, j] = f32_to_bf16(r1)
             k_cache[block, offset, head - nh, j + half] = f32_to_bf16(r2)
-    else:  # v: as it is, and copied to the cache
-        qkv[t, col] = x1
-        qkv[t, col + half] = x2
-    if head >= nh + nkv and slot >= 0:
+    elif slot >= 0:  # v: copy to the cache
         block_size = v_cache.shape[1]
         block = slot // block_size
         offset = slot - block * block_size
@@ -97,20 +86,15 @@ def rope_kv_kernel(src, qkv, positions, cos, sin, k_cache, v_cache, slot_mapping
 
 
 def rope_kv_write(
-    qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, nh: int, nkv: int, hd: int, stream=0,
-    partials=None,
-) -> None:  # fmt: skip
-    """Rotate q and k of qkv [T, ...] in place; write k and v to the caches at slot_mapping.
-    With partials [S, T, N] (a split-K product), qkv = their sum, rotated."""
+    qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, nh: int, nkv: int, hd: int, stream=0
+) -> None:
+    """Rotate q and k of qkv [T, ...] in place; write k and v to the caches at slot_mapping."""
     tokens = qkv.shape[0]
     if tokens == 0:
         return
     half = hd // 2
     heads_per_block = max(1, threads(BLOCK_THREADS) // half)
     grid = (tokens, cdiv(nh + 2 * nkv, heads_per_block))
-    src = qkv.reshape(1, *qkv.shape) if partials is None else partials
-    if src.shape[1:] != qkv.shape:
-        raise ValueError(f"rope_kv_write: partials {src.shape} for qkv {qkv.shape}")
     rope_kv_kernel[grid, (half, heads_per_block), stream](
-        src, qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, nh, nkv, hd
+        qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, nh, nkv, hd
     )

@@ -19,11 +19,8 @@ BENCH="python3 -m chat_app.cli bench --device cuda"
   timeout "${T_GRAPHS:-240}" python3 -m pytest -q -p no:cacheprovider tests/test_cuda_graphs.py \
     tests/test_cublaslt.py tests/test_async_scheduling.py tests/test_kernels_cuda_backend.py \
     tests/test_kernels_gemv.py tests/test_kernels_attention.py tests/test_kernels_sampling.py \
-    tests/test_kernels_elementwise.py tests/test_split_k.py 2>&1 | tail -15
-  echo "== graph replay vs eager with every batch product split (TINYCHAT_SPLIT_K=2)"
-  TINYCHAT_SPLIT_K=2 timeout "${T_SPLIT:-90}" python3 -m pytest -q -p no:cacheprovider \
-    tests/test_cuda_graphs.py 2>&1 | tail -3
-  for micro in ${MICRO:-bench_gemv bench_kernels bench_prefill bench_gemm}; do
+    tests/test_kernels_elementwise.py 2>&1 | tail -15
+  for micro in ${MICRO:-bench_gemv bench_kernels bench_prefill}; do
     if [ -f "tests/device/$micro.py" ]; then
       echo "== $micro"
       timeout "${T_MICRO:-90}" python3 "tests/device/$micro.py" 2>&1 | tail -25

@@ -20,13 +20,11 @@ import numpy as np
 from numba import cuda
 
 from gpu.backends.base import ComposedOps
-from gpu.backends.cuda import split_k
-from gpu.backends.cuda.cublas import SimulatorGemm, device_pointer
+from gpu.backends.cuda.cublas import SimulatorGemm
 from gpu.backends.cuda.cublaslt import make_gemm
 from gpu.backends.cuda.sampler import DeviceSampler
 from gpu.forward_batch import ForwardBatch
 from gpu.kernels import activation, attention_decode, attention_prefill, embedding, gemv, rmsnorm
-from gpu.kernels import residual as residual_kernels
 from gpu.kernels import rope_kv as rope_kernels
 from gpu.kernels.bf16 import from_bf16_bits, to_bf16_bits
 from gpu.kernels.launch import SIMULATOR
@@ -58,11 +56,6 @@ class CudaBackend(ComposedOps):
         self._part_ml = cuda.device_array(1, np.float32)
         self._split_counters = cuda.to_device(np.zeros(1, np.int32))  # zero, and kept zero
         self._sampler: DeviceSampler | None = None
-        # Split-K products (split_k.py): their partial sums, and the residual add a split
-        # o_proj / down product leaves for the next RMSNorm to do: (residual, partials).
-        self.split_k_mode = split_k.setting()
-        self._partials = cuda.device_array(1, np.float32)
-        self._pending_add: tuple[Any, Any] | None = None
 
     # --- memory -------------------------------------------------------------------------
     def empty(self, shape: tuple[int, ...], dtype: str) -> Any:
@@ -129,46 +122,6 @@ class CudaBackend(ComposedOps):
             # Zeroed once: the decode kernel leaves every counter it uses at zero again.
             self._split_counters = cuda.to_device(np.zeros(cnt, np.int32))
 
-    def reserve_split_k(self, max_tokens: int, shapes: list[tuple[int, int]]) -> None:
-        """Allocate, now, the partial sums of every split-K product of these [N, K] weights
-        for steps of up to max_tokens (a captured graph cannot allocate)."""
-        size = split_k.partials_size(max_tokens, shapes, self.num_sms, self.split_k_mode)
-        if self._partials.shape[0] < size:
-            self._partials = cuda.device_array(size, np.float32, stream=self.stream)
-
-    def _split_product(self, x: Any, w: Any) -> Any:
-        """x @ w.T as split-K partial sums [S, T, N] when split_k chooses S > 1 (and the
-        reserved buffer holds them), else None: the caller runs the plain product."""
-        (t, k), n = x.shape, w.shape[0]
-        splits = split_k.choose_split_k(t, n, k, self.num_sms, self.split_k_mode)
-        if splits == 1 or splits * t * n > self._partials.shape[0]:
-            return None
-        if self._pending_add is not None:
-            raise RuntimeError("split-K: a product's residual add is still pending")
-        partials = self._partials[: splits * t * n].reshape(splits, t, n)
-        self.gemm.linear_split_k(x, w, partials)
-        return partials
-
-    def _take_pending(self, x: Any) -> Any:
-        """The partials of the residual add pending on x (None if none), now the caller's."""
-        pending = self._pending_add
-        if pending is None:
-            return None
-        residual, partials = pending
-        same = residual is x or (
-            not SIMULATOR
-            and residual.shape == x.shape
-            and device_pointer(residual) == device_pointer(x)
-        )
-        if not same:
-            raise RuntimeError("split-K: a residual add is pending on another array")
-        self._pending_add = None
-        return partials
-
-    def _expect_no_pending(self, op: str) -> None:
-        if self._pending_add is not None:
-            raise RuntimeError(f"split-K: {op} ran with a residual add still pending")
-
     def device_name(self) -> str:
         name = cuda.get_current_device().name
         return name.decode() if isinstance(name, bytes) else str(name)
@@ -221,20 +174,16 @@ class CudaBackend(ComposedOps):
     def embed(
         self, input_ids: Any, table: Any, out: Any, prev_rows: Any = None, sampled_prev: Any = None
     ) -> None:
-        self._pending_add = None  # a step starts here: nothing of a failed one carries over
         embedding.embed(input_ids, table, out, self.stream, prev_rows, sampled_prev)
         self.check("embed")
 
     def rmsnorm(self, x: Any, weight: Any, eps: float, out: Any) -> None:
-        """Also adds a split-K residual product still pending on x (fused_add_rms_norm)."""
-        rmsnorm.rmsnorm(x, weight, eps, out, self.stream, partials=self._take_pending(x))
+        rmsnorm.rmsnorm(x, weight, eps, out, self.stream)
         self.check("rmsnorm")
 
     # Matrix products: a step of a few tokens streams the weights through gemv.py's kernel with
     # the ops around the product fused in; larger steps go to cuBLAS (tensor cores), with the
     # fused ops composed from the basic kernels (ComposedOps) or folded into cuBLAS (beta = 1).
-    # Products with few output tiles (qkv, o_proj, down at batch decode) split K (split_k.py):
-    # their partial sums are added by the kernel that reads them next.
     def linear(self, x: Any, w: Any, out: Any) -> None:
         """The plain product: the model reaches it only through the composed ops, i.e. for
         steps the fused kernels do not serve, so it is always cuBLAS."""
@@ -256,16 +205,10 @@ class CudaBackend(ComposedOps):
         slot_mapping, num_heads, num_kv_heads, head_dim,
     ) -> None:  # fmt: skip
         if not gemv.serves(*residual.shape):
-            self.rmsnorm(residual, norm_weight, eps, normed)
-            partials = self._split_product(normed, w)
-            if partials is None:
-                self.linear(normed, w, qkv)
-            rope_kernels.rope_kv_write(
-                qkv, positions, cos, sin, k_cache, v_cache, slot_mapping,
-                num_heads, num_kv_heads, head_dim, self.stream, partials=partials,
+            return super().rmsnorm_qkv_rope(
+                residual, norm_weight, eps, w, qkv, normed, positions, cos, sin, k_cache,
+                v_cache, slot_mapping, num_heads, num_kv_heads, head_dim,
             )  # fmt: skip
-            self.check("rmsnorm_qkv_rope")
-            return
         rope = gemv.RopeArgs(
             positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads, head_dim
         )
@@ -279,11 +222,7 @@ class CudaBackend(ComposedOps):
         if gemv.serves(*x.shape):
             gemv.gemv(x, w, residual, epilogue="add", stream=self.stream)
         else:
-            partials = self._split_product(x, w)
-            if partials is None:
-                self.gemm.linear(x, w, residual, accumulate=True)
-            else:  # the next rmsnorm of residual adds them
-                self._pending_add = (residual, partials)
+            self.gemm.linear(x, w, residual, accumulate=True)
         self.check("linear_residual")
 
     def rmsnorm_gate_up_silu(
@@ -367,15 +306,11 @@ class CudaBackend(ComposedOps):
         self.check("silu_mul")
 
     def gather_rows(self, x: Any, indices: Any, out: Any) -> None:
-        partials = self._take_pending(x)
-        if partials is not None:  # the rows must hold the product before they are gathered
-            residual_kernels.add_partials(x, partials, self.stream)
         embedding.gather_rows(x, indices, out, self.stream)
         self.check("gather_rows")
 
     def sample(self, logits: Any, metadata: SamplingMetadata) -> np.ndarray:
         """Sample on the device (logits are modified in place); returns host int32 ids."""
-        self._expect_no_pending("sample")
         rows, vocab = logits.shape
         s = self._sampler
         if s is None or s.max_rows < rows or s.vocab_size != vocab:

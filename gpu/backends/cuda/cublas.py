@@ -54,20 +54,6 @@ def check_linear(x, w, out) -> bool:
     return t > 0
 
 
-def check_split_k(x, w, partials) -> bool:
-    """Check the operands of a split-K product: partials [S, T, N] float32 (contiguous) for
-    x [T, K] @ w [N, K].T, with K a multiple of 8 S (each slice starts 16-byte aligned)."""
-    t, k = x.shape
-    splits = partials.shape[0]
-    if partials.shape[1:] != (t, w.shape[0]) or w.shape[1] != k:
-        raise ValueError(f"split-K: x {x.shape} @ w {w.shape}.T -> partials {partials.shape}")
-    if partials.dtype != np.float32 or not partials.is_c_contiguous():
-        raise TypeError("split-K: partials must be contiguous float32")
-    if splits < 1 or k % (8 * splits):
-        raise ValueError(f"split-K: K = {k} does not split into {splits} slices of 8n")
-    return t > 0
-
-
 class CublasGemm:
     def __init__(self, stream) -> None:
         from nvmath.bindings import cublas
@@ -99,21 +85,6 @@ class CublasGemm:
             self._compute, self._algo,
         )  # fmt: skip
 
-    def linear_split_k(self, x, w, partials) -> None:
-        """partials[s] = x[:, ks] @ w[:, ks].T for the S = partials.shape[0] equal slices ks of
-        K: one strided-batched product (split_k.py says why). partials [S, T, N] float32."""
-        if not check_split_k(x, w, partials):
-            return
-        (t, k), n, splits = x.shape, w.shape[0], partials.shape[0]
-        ks = k // splits
-        self._cublas.gemm_strided_batched_ex(
-            self.handle, self._op_t, self._op_n, n, t, ks,
-            self._one.ctypes.data, device_pointer(w), CUDA_R_16BF, w.strides[0] // 2, ks,
-            device_pointer(x), CUDA_R_16BF, x.strides[0] // 2, ks,
-            self._zero.ctypes.data, device_pointer(partials), CUDA_R_32F, n, t * n,
-            splits, self._compute, self._algo,
-        )  # fmt: skip
-
     def close(self) -> None:
         if self.handle:
             self._cublas.destroy(self.handle)
@@ -135,22 +106,6 @@ class SimulatorGemm:
         if accumulate:
             result += out.copy_to_host()
         out.copy_to_device(result if out.dtype == np.float32 else to_bf16_bits(result))
-
-    def linear_split_k(self, x, w, partials) -> None:
-        if not check_split_k(x, w, partials):
-            return
-        splits = partials.shape[0]
-        xf = from_bf16_bits(x.copy_to_host())
-        wf = from_bf16_bits(w.copy_to_host())
-        ks = xf.shape[1] // splits
-        result = np.stack(
-            [
-                np.matmul(xf[:, s * ks : (s + 1) * ks], wf[:, s * ks : (s + 1) * ks].T,
-                          dtype=np.float32)
-                for s in range(splits)
-            ]
-        )  # fmt: skip
-        partials.copy_to_device(result)
 
     def close(self) -> None:
         pass

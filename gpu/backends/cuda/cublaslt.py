@@ -172,10 +172,6 @@ class CublasLtGemm:
         else:
             self._matmul(plan, ptrs, accumulate, plan.algo["algo"].ctypes.data)
 
-    def linear_split_k(self, x, w, partials) -> None:
-        """Split-K products (split_k.py) are strided batched cuBLAS calls, not tuned here."""
-        self._gemm_ex().linear_split_k(x, w, partials)
-
     def _gemm_ex(self) -> CublasGemm:
         if self._fallback is None:
             self._fallback = CublasGemm(self.stream)

@@ -194,10 +194,6 @@ class CudaExecutor:
         backend.reserve_attention_scratch(
             max_seqs, model.num_heads, model.num_kv_heads, model.head_dim
         )
-        layer = model.weights.layers[0]
-        backend.reserve_split_k(
-            max_tokens, [w.shape for w in (layer.qkv_proj, layer.o_proj, layer.down_proj)]
-        )
         # The simulator has no driver to capture with: eager there (padding still exercised).
         # Debug mode synchronises after every op, which a capture cannot contain: eager too.
         self.enforce_eager = (
