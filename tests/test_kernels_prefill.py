@@ -94,3 +94,38 @@ def test_every_llama_shape_has_gpu_tiles(head_dim, group):
     wide, narrow = choose_tiles(head_dim, group, simulator=False)
     assert wide.fits(head_dim, group, simulator=False)
     assert narrow.fits(head_dim, group, simulator=False)
+
+
+def test_mixed_step_splits_its_rows_between_the_two_kernels():
+    """The cuda backend's mixed step: decode_attention (split-KV) takes the sequences with one
+    query row, prefill_attention(decode_rows=False) the others; each leaves the other's rows
+    untouched (still poisoned), and together they write every row the numpy twin does."""
+    from numba import cuda
+
+    from gpu.kernels.attention_decode import counter_size, decode_attention, partial_sizes
+
+    rng, seed = fresh_rng()
+    seq_lens, query_lens = [70, 19, 0, 33, 5], [1, 7, 0, 1, 5]
+    nh, nkv, hd, splits = 6, 2, 64, 3
+    case = paged_case(rng, seq_lens, query_lens, nh, nkv, hd, 16)
+    args = attention_device_args(case)
+    n = len(seq_lens)
+    acc, ml = partial_sizes(n, nh, hd, splits)
+    counters = cuda.to_device(np.zeros(counter_size(n, nkv, splits), np.int32))
+    out = poisoned((case.batch.num_tokens, nh * hd), np.uint16)
+    decode_rows = [int(case.batch.query_start_loc[b]) for b in (0, 3)]
+    prompt_rows = [r for r in range(case.batch.num_tokens) if r not in decode_rows]
+
+    decode_attention(
+        *args, n, nh, hd**-0.5, out, poisoned((acc,), np.float32), poisoned((ml,), np.float32),
+        splits, counters=counters,
+    )  # fmt: skip
+    got = from_bf16_bits(synced(out))
+    assert np.isnan(got[prompt_rows]).all()
+    assert not np.isnan(got[decode_rows]).any()
+    prefill_attention(
+        *args, n, max(query_lens), nh, hd**-0.5, out, decode_rows=False
+    )  # fmt: skip
+    got = from_bf16_bits(synced(out))
+    assert_close(got, cpu_attention(case), RTOL, ATOL, seed, "mixed step attention")
+    assert not synced(counters).any()  # left zero for the next launch
