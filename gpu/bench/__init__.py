@@ -232,6 +232,22 @@ def _device_name(engine) -> str:
     return name() if callable(name) else platform.processor() or "cpu"
 
 
+def chat_summary(x: dict) -> str:
+    """The chat workload's figures (a ChatResult as a dict), two lines."""
+    return (
+        f"chat ({x['sessions']} sessions x {x['turns']} turns): TTFT p50 "
+        f"{x['ttft_p50_ms']:.1f} ms p99 {x['ttft_p99_ms']:.1f} ms; ITL p50 "
+        f"{x['itl_p50_ms']:.2f} ms p99 {x['itl_p99_ms']:.2f} ms (alone: p50 "
+        f"{x['single_itl_p50_ms']:.2f} p99 {x['single_itl_p99_ms']:.2f}); a "
+        f"{x['long_prompt_tokens']}-token prompt: first token in "
+        f"{x['long_prompt_ttft_ms']:.1f} ms\n"
+        f"  engine steps, by the step they wait for: decode p50 {x['decode_step_p50_ms']:.2f}"
+        f" p99 {x['decode_step_p99_ms']:.2f} ms, with prompt tokens ({x['mixed_steps']}) p50 "
+        f"{x['mixed_step_p50_ms']:.2f} p99 {x['mixed_step_p99_ms']:.2f} ms; "
+        f"{x['gc_pauses']} GC pauses, longest {x['gc_max_ms']:.2f} ms"
+    )
+
+
 def print_table(r: dict) -> None:
     out = sys.stdout
     out.write(
@@ -281,17 +297,5 @@ def print_table(r: dict) -> None:
             f"{x['output_tokens']} output tokens in {x['total_time_s']:.1f} s)\n"
         )
     if "chat" in r:
-        x = r["chat"]
-        out.write(
-            f"chat ({x['sessions']} sessions x {x['turns']} turns): TTFT p50 "
-            f"{x['ttft_p50_ms']:.1f} ms p99 {x['ttft_p99_ms']:.1f} ms; ITL p50 "
-            f"{x['itl_p50_ms']:.2f} ms p99 {x['itl_p99_ms']:.2f} ms (alone: p50 "
-            f"{x['single_itl_p50_ms']:.2f} p99 {x['single_itl_p99_ms']:.2f}); a "
-            f"{x['long_prompt_tokens']}-token prompt: first token in "
-            f"{x['long_prompt_ttft_ms']:.1f} ms\n"
-            f"  engine steps, by the step they wait for: decode p50 {x['decode_step_p50_ms']:.2f}"
-            f" p99 {x['decode_step_p99_ms']:.2f} ms, with prompt tokens ({x['mixed_steps']}) p50 "
-            f"{x['mixed_step_p50_ms']:.2f} p99 {x['mixed_step_p99_ms']:.2f} ms; "
-            f"{x['gc_pauses']} GC pauses, longest {x['gc_max_ms']:.2f} ms\n"
-        )
+        out.write(chat_summary(r["chat"]) + "\n")
     out.flush()

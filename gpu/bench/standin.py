@@ -13,6 +13,7 @@ Everything else (scheduler, runner, engine, engine thread, the bench's sessions)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from types import SimpleNamespace
 
@@ -108,6 +109,7 @@ def standin_engine(
 
 
 def main(argv: list[str] | None = None) -> None:
+    from gpu.bench import chat_summary
     from gpu.bench.workloads import chat_run
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -126,15 +128,7 @@ def main(argv: list[str] | None = None) -> None:
         async_scheduling=not args.no_async_scheduling,
     )
     r = chat_run(engine, args.sessions, args.turns, long_prompt=args.long_prompt)
-    print(
-        f"chat ({r.sessions} sessions x {r.turns} turns): ITL p50 {r.itl_p50_ms:.2f} p99 "
-        f"{r.itl_p99_ms:.2f} ms (alone: p50 {r.single_itl_p50_ms:.2f} p99 "
-        f"{r.single_itl_p99_ms:.2f}); TTFT p50 {r.ttft_p50_ms:.1f} p99 {r.ttft_p99_ms:.1f} ms; "
-        f"long prompt TTFT {r.long_prompt_ttft_ms:.1f} ms\n"
-        f"  engine steps: decode p50 {r.decode_step_p50_ms:.2f} p99 {r.decode_step_p99_ms:.2f} "
-        f"ms, with prompt tokens ({r.mixed_steps}) p50 {r.mixed_step_p50_ms:.2f} p99 "
-        f"{r.mixed_step_p99_ms:.2f} ms; {r.gc_pauses} GC pauses, longest {r.gc_max_ms:.2f} ms"
-    )
+    print(chat_summary(dataclasses.asdict(r)))
 
 
 if __name__ == "__main__":

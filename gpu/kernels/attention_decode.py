@@ -155,24 +155,24 @@ FULL_MASK = 0xFFFFFFFF
 NTHREADS = threads(128)  # per block
 
 
+def _env_choice(name: str, default: int, allowed: range | tuple[int, ...]) -> int:
+    """An integer build knob read from the environment: $name, one of `allowed`, or default."""
+    text = os.environ.get(name, "").strip() or str(default)
+    if not text.isdigit() or int(text) not in allowed:
+        raise ValueError(f"{name} must be one of {tuple(allowed)}, not {text!r}")
+    return int(text)
+
+
 def _blocks_per_sm() -> int:
     """The launch_bounds minimum of blocks per SM: $TINYCHAT_DECODE_BLOCKS_PER_SM or 4."""
-    text = os.environ.get(BLOCKS_PER_SM_ENV, "").strip()
-    if not text:
-        return DEFAULT_BLOCKS_PER_SM
-    if not text.isdigit() or not 1 <= int(text) <= 16:
-        raise ValueError(f"{BLOCKS_PER_SM_ENV} must be an integer in 1..16, not {text!r}")
-    return int(text)
+    return _env_choice(BLOCKS_PER_SM_ENV, DEFAULT_BLOCKS_PER_SM, range(1, 17))
 
 
 def _unroll() -> int:
-    """Tokens per token slot per tile: $TINYCHAT_DECODE_UNROLL (1, 2, 4 or 8) or 4. Fewer
-    means fewer registers (more resident blocks to hide each one's load latency), more means
-    more bytes in flight per block; tests/device/ab.sh sweeps it with BLOCKS_PER_SM."""
-    text = os.environ.get(UNROLL_ENV, "").strip() or str(DEFAULT_UNROLL)
-    if text not in ("1", "2", "4", "8"):
-        raise ValueError(f"{UNROLL_ENV} must be 1, 2, 4 or 8, not {text!r}")
-    return int(text)
+    """Tokens per token slot per tile: $TINYCHAT_DECODE_UNROLL or 4. Fewer means fewer
+    registers (more resident blocks to hide each one's load latency), more means more bytes in
+    flight per block; tests/device/ab.sh sweeps it with BLOCKS_PER_SM."""
+    return _env_choice(UNROLL_ENV, DEFAULT_UNROLL, (1, 2, 4, 8))
 
 
 BLOCKS_PER_SM = _blocks_per_sm()  # read once, at import
