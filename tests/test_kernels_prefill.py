@@ -27,13 +27,17 @@ from gpu.kernels.attention_prefill import SHARED_BYTES, Tiles, choose_tiles, pre
 from gpu.kernels.bf16 import from_bf16_bits
 
 
-def _check(seq_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size, tiles=None):
+def _check(
+    seq_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size, tiles=None, narrow=0
+):
+    """narrow: the narrow_tokens threshold; 0 (the narrow kernel's own BQ) keeps every longer
+    chunk on the wide tiles, so both kernels run."""
     rng, seed = fresh_rng()
     case = paged_case(rng, seq_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size)
     out = poisoned((case.batch.num_tokens, num_heads * head_dim), np.uint16)
     prefill_attention(
         *attention_device_args(case), len(seq_lens), max(query_lens), num_heads,
-        head_dim**-0.5, out, tiles=tiles,
+        head_dim**-0.5, out, tiles=tiles, narrow_tokens=narrow,
     )  # fmt: skip
     got = from_bf16_bits(synced(out))
     assert_close(got, cpu_attention(case), RTOL, ATOL, seed, "prefill attention")
@@ -58,6 +62,14 @@ def _check(seq_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size, 
 )
 def test_prefill_attention(seq_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size):
     _check(seq_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size)
+
+
+@pytest.mark.parametrize("narrow", [9, 19, None])
+def test_prefill_attention_narrow_threshold(narrow):
+    """Chunks of up to `narrow` rows take the narrow tiles (None: the default, NARROW_TOKENS):
+    a chat's new turn over its history (9 rows from position 31, 19 rows from 26) goes narrow
+    at 19 while the 24-row prompt stays wide; at 9 only the first; by default all three."""
+    _check([40, 45, 24, 12], [9, 19, 24, 1], 6, 2, 64, 16, narrow=narrow)
 
 
 def test_prefill_attention_only_short_rows():

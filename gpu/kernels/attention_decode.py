@@ -132,14 +132,13 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 
 import numpy as np
 from numba import cuda, float32, int32, uint64
 
 from gpu.kernels import launch
 from gpu.kernels.bf16 import bf16_of_word, f32_to_bf16
-from gpu.kernels.launch import SIMULATOR, cdiv, threads
+from gpu.kernels.launch import SIMULATOR, cdiv, env_choice, threads
 
 DIMS = 8  # head dimensions per lane: two 8-byte words of four bf16
 DEFAULT_UNROLL = 4  # tokens per token slot per tile
@@ -155,24 +154,16 @@ FULL_MASK = 0xFFFFFFFF
 NTHREADS = threads(128)  # per block
 
 
-def _env_choice(name: str, default: int, allowed: range | tuple[int, ...]) -> int:
-    """An integer build knob read from the environment: $name, one of `allowed`, or default."""
-    text = os.environ.get(name, "").strip() or str(default)
-    if not text.isdigit() or int(text) not in allowed:
-        raise ValueError(f"{name} must be one of {tuple(allowed)}, not {text!r}")
-    return int(text)
-
-
 def _blocks_per_sm() -> int:
     """The launch_bounds minimum of blocks per SM: $TINYCHAT_DECODE_BLOCKS_PER_SM or 4."""
-    return _env_choice(BLOCKS_PER_SM_ENV, DEFAULT_BLOCKS_PER_SM, range(1, 17))
+    return env_choice(BLOCKS_PER_SM_ENV, DEFAULT_BLOCKS_PER_SM, range(1, 17))
 
 
 def _unroll() -> int:
     """Tokens per token slot per tile: $TINYCHAT_DECODE_UNROLL or 4. Fewer means fewer
     registers (more resident blocks to hide each one's load latency), more means more bytes in
     flight per block; tests/device/ab.sh sweeps it with BLOCKS_PER_SM."""
-    return _env_choice(UNROLL_ENV, DEFAULT_UNROLL, (1, 2, 4, 8))
+    return env_choice(UNROLL_ENV, DEFAULT_UNROLL, (1, 2, 4, 8))
 
 
 BLOCKS_PER_SM = _blocks_per_sm()  # read once, at import

@@ -36,10 +36,14 @@ The design now (a GEMM-shaped kernel, flash-attention v2 without tensor cores):
 * Everything that shapes the loops (head_dim, group, block size, the tile sizes) is a constant
   of a specialised kernel (`_build`, a closure per configuration), so the register tiles are
   local arrays indexed only by unrolled constants: registers, not local memory.
-* Decode rows in a mixed batch would waste 15 of every 16 query slots of a tile, at the cost of
-  a full tile walk over their context. So the launcher runs two specialisations over the same
-  grid of sequences: a "narrow" one (ROWS = 16, BQ = 16 / group) for the sequences with at most
-  BQ_narrow rows, and the "wide" one for the others; a block of the wrong kind exits at once.
+* Two specialisations over the same grid of sequences: a "narrow" one (ROWS = 16, BQ =
+  16 / group: 4 tokens at Llama-3.2-1B shapes) for the sequences with at most NARROW_TOKENS
+  rows this step, and the "wide" one for the others; a block of the wrong kind exits at once.
+  Decode rows would waste 15 of every 16 query slots of a wide tile. Short chunks over a long
+  history (a chat's new turn: ~50 rows over ~500 cached tokens) would get few wide blocks (3
+  query tiles x 8 KV heads = 24 blocks for 132 SMs), each walking the whole history serially;
+  narrow tiles give 4x the blocks, each doing a quarter of the work per key. Long chunks keep
+  the wide tiles, which read each K/V tile once per 16 query tokens instead of 4.
 * Heaviest first: the last query tiles of a sequence see the most context, so blockIdx.x counts
   tiles from the end and the long blocks start in the first wave.
 
@@ -78,9 +82,13 @@ import numpy as np
 from numba import cuda, float32, int32, uint32, uint64
 
 from gpu.kernels.bf16 import bits_f32, f32_to_bf16
-from gpu.kernels.launch import SIMULATOR, cdiv, device_function
+from gpu.kernels.launch import SIMULATOR, cdiv, device_function, env_choice
 
 NEG_INF = float32(-math.inf)
+# Sequences with at most this many query rows in a step take the narrow tiles (at least the
+# narrow kernel's BQ do, whatever the setting); $TINYCHAT_PREFILL_NARROW_TOKENS overrides it.
+NARROW_TOKENS_ENV = "TINYCHAT_PREFILL_NARROW_TOKENS"
+NARROW_TOKENS = env_choice(NARROW_TOKENS_ENV, 256, range(0, 1 << 20))
 SHARED_BYTES = 48 * 1024  # static shared memory per block
 FULL_MASK = 0xFFFFFFFF
 
@@ -441,12 +449,14 @@ def prefill_attention(
     stream=0,
     tiles: tuple[Tiles, Tiles] | None = None,
     decode_rows: bool = True,
+    narrow_tokens: int | None = None,
 ) -> None:
     """out [T, nh * hd] bf16: causal attention of every query row over its sequence's cache.
 
     tiles: (wide, narrow) configurations, choose_tiles' by default (tests and benchmarks pass
     others). decode_rows False: sequences with a single row this step are skipped (the cuda
-    backend runs them through attention_decode's split-KV kernel)."""
+    backend runs them through attention_decode's split-KV kernel). narrow_tokens: sequences
+    with at most this many rows take the narrow tiles (NARROW_TOKENS by default)."""
     if num_seqs == 0 or max_query_len == 0:
         return
     block_size, nkv, hd = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
@@ -459,7 +469,10 @@ def prefill_attention(
         qkv, k_cache.view(np.uint32), v_cache.view(np.uint32), block_tables, block_table_stride,
         query_start_loc, seq_lens, np.float32(scale),
     )  # fmt: skip
-    small = narrow.query_tokens(group)  # sequences with at most this many rows go narrow
+    # Sequences with at most `small` rows go narrow.
+    small = max(
+        NARROW_TOKENS if narrow_tokens is None else narrow_tokens, narrow.query_tokens(group)
+    )
     if max_query_len > small:
         kernel = get_kernel(hd, group, block_size, wide)
         grid = (cdiv(max_query_len, wide.query_tokens(group)), nkv, num_seqs)

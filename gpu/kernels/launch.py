@@ -8,6 +8,8 @@ MAX_THREADS", so both run the same code.
 
 from __future__ import annotations
 
+import os
+
 from numba import config, cuda
 
 SIMULATOR: bool = bool(config.ENABLE_CUDASIM)
@@ -32,3 +34,13 @@ def device_function(fn):
     if SIMULATOR:
         return cuda.jit(device=True)(fn)
     return cuda.jit(device=True, forceinline=True)(fn)
+
+
+def env_choice(name: str, default: int, allowed: range | tuple[int, ...]) -> int:
+    """An integer build knob read from the environment: $name, one of `allowed`, or default.
+    Kernels read their knobs once, at import, so a device A/B (tests/device/ab.sh) runs one
+    process per setting."""
+    text = os.environ.get(name, "").strip() or str(default)
+    if not text.isdigit() or int(text) not in allowed:
+        raise ValueError(f"{name} must be one of {tuple(allowed)}, not {text!r}")
+    return int(text)

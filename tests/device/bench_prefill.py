@@ -6,13 +6,16 @@ error), then GPU time by CUDA events around each launch (warm-up first; the stre
 busy by a sleeping kernel while the launches are queued, so Python's launch cost is not in the
 measurement), median of REPS. TFLOP/s counts the useful causal work only: 4 * head_dim FLOPs
 per (query head, visible key) pair (QK^T and PV). Then a sweep of tile configurations on the
-two cases that matter most. Writes $OUT/bench_prefill.json and prints a table. Under a minute.
+two cases that matter most (BENCH_PREFILL_SWEEP=0 skips it), and of the narrow-tiles threshold
+(NARROW_TOKENS) on the cases it decides. Writes $OUT/bench_prefill.json and prints a table.
+Under a minute.
 
     python3 tests/device/bench_prefill.py
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 
 import numpy as np
@@ -32,7 +35,17 @@ CASES = {
     "chunk1024_ctx3024": ([3024], [1024]),
     "chunk2048_ctx2048": ([2048], [2048]),
     "mixed_4x256_ctx600_60dec_ctx800": ([600] * 4 + [800] * 60, [256] * 4 + [1] * 60),
+    # A chat's new turn over its cached history while 7 others stream (their decode rows are
+    # attention_decode's: skipped here, as in the cuda backend's mixed step).
+    "chat_turn48_ctx530_7dec": ([530] + [500] * 7, [48] + [1] * 7),
+    "chat_turn128_ctx600_7dec": ([600] + [500] * 7, [128] + [1] * 7),
 }
+# narrow_tokens settings for the narrow-threshold sweep (0: only chunks of <= BQ rows go narrow)
+NARROW_TOKENS_SWEEP = (0, 32, 64, 128, 256)
+NARROW_TOKENS_CASES = (
+    "chat_turn48_ctx530_7dec", "chat_turn128_ctx600_7dec", "chunk512_ctx512",
+    "mixed_4x256_ctx600_60dec_ctx800",
+)  # fmt: skip
 WIDE_SWEEP = [Tiles(64, 32, 4, 4), Tiles(64, 32, 8, 4), Tiles(64, 32, 4, 8), Tiles(32, 32, 4, 4),
               Tiles(64, 16, 4, 2)]  # fmt: skip
 NARROW_SWEEP = [Tiles(16, 64, 2, 4), Tiles(16, 32, 2, 2), Tiles(32, 32, 4, 4)]
@@ -89,19 +102,27 @@ class Case:
         )  # fmt: skip
         self.n, self.max_q = len(seq_lens), max(query_lens)
         self.flops = causal_flops(seq_lens, query_lens)
+        # Chat cases: the decode rows are left to attention_decode, as in a mixed step.
+        self.decode_rows = not name.startswith("chat_")
+        starts = batch.query_start_loc
+        self.checked = np.concatenate([
+            np.arange(starts[b], starts[b + 1]) for b, q in enumerate(query_lens)
+            if self.decode_rows or q > 1
+        ])  # fmt: skip
 
-    def run(self, tiles=None):
+    def run(self, tiles=None, narrow_tokens=None):
         attention_prefill.prefill_attention(
-            *self.args, self.n, self.max_q, NH, SCALE, self.out, stream, tiles=tiles
-        )
+            *self.args, self.n, self.max_q, NH, SCALE, self.out, stream, tiles=tiles,
+            decode_rows=self.decode_rows, narrow_tokens=narrow_tokens,
+        )  # fmt: skip
 
-    def measure(self, tiles=None) -> dict:
+    def measure(self, tiles=None, narrow_tokens=None) -> dict:
         self.out.copy_to_device(np.full(self.want.shape, 0x7FC0, np.uint16), stream=stream)
-        self.run(tiles)
+        self.run(tiles, narrow_tokens)
         got = from_bf16_bits(self.out.copy_to_host(stream=stream))
         stream.synchronize()
-        errors = relative_errors(got, self.want)
-        ms = gpu_ms(lambda: self.run(tiles))
+        errors = relative_errors(got[self.checked], self.want[self.checked])
+        ms = gpu_ms(lambda: self.run(tiles, narrow_tokens))
         return {
             "ms": round(ms, 4),
             "tflop_s": round(self.flops / ms / 1e9, 2),
@@ -144,9 +165,18 @@ def sweep(cases: dict) -> dict:
     return out
 
 
+def narrow_sweep(cases: dict) -> dict:
+    """The narrow-tiles threshold (attention_prefill.NARROW_TOKENS) on the cases it decides."""
+    return {
+        f"{name} narrow_tokens={n}": cases[name].measure(narrow_tokens=n)
+        for name in NARROW_TOKENS_CASES
+        for n in NARROW_TOKENS_SWEEP
+    }
+
+
 def table(results: Results) -> None:
     print(f"\n{'case':74s} {'ms':>9s} {'TFLOP/s':>8s} {'l2_rel':>9s}")
-    for section in ("cases", "sweep"):
+    for section in ("cases", "narrow", "sweep"):
         for name, r in (results.data.get(section) or {}).items():
             if isinstance(r, dict) and "ms" in r:
                 print(f"{name:74s} {r['ms']:9.3f} {r['tflop_s']:8.2f} {r['l2_rel']:9.2e}")
@@ -159,5 +189,7 @@ if __name__ == "__main__":
     if built:
         results.data["build"] = {n: {"gflop": round(c.flops / 1e9, 3)} for n, c in built.items()}
         results.section("cases", run_cases, built)
-        results.section("sweep", sweep, built)
+        results.section("narrow", narrow_sweep, built)
+        if os.environ.get("BENCH_PREFILL_SWEEP", "1") != "0":  # 0: skip the tile sweep
+            results.section("sweep", sweep, built)
     table(results)
