@@ -12,6 +12,8 @@ the cases below reach several busy splits with contexts of tens of tokens."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from kernel_helpers import (
@@ -49,8 +51,9 @@ def _scaled(seq_lens, head_dim):
 
 
 def _run_decode(
-    seq_lens, num_heads, num_kv_heads, head_dim, block_size, num_splits, launches: int = 1
-):
+    seq_lens, num_heads, num_kv_heads, head_dim, block_size, num_splits, launches: int = 1,
+    min_split_tiles: int = 1,
+):  # fmt: skip
     """`launches` decode launches on one fresh paged case (seq_len 0: a padding row), all on
     the same counters. Checks each output against the numpy twin (zeros for padding rows), the
     counters back at zero after each, every launch's bits equal to the first's, and the split
@@ -77,7 +80,7 @@ def _run_decode(
         out = poisoned((n, num_heads * head_dim), np.uint16)
         decode_attention(
             *args, n, num_heads, head_dim**-0.5, out, part_acc, part_ml, num_splits,
-            counters=counters,
+            counters=counters, min_split_tiles=min_split_tiles,
         )  # fmt: skip
         bits = synced(out)
         what = f"decode attention, launch {launch + 1}"
@@ -87,7 +90,7 @@ def _run_decode(
             first = bits
         np.testing.assert_array_equal(bits, first, err_msg=f"{what} (KERNEL_TEST_SEED={seed})")
 
-    busy = [busy_splits(ctx, num_splits, head_dim) for ctx in seq_lens]
+    busy = [busy_splits(ctx, num_splits, head_dim, min_split_tiles) for ctx in seq_lens]
     if num_splits == 1:
         return None, None, busy
     # A sequence of more than one busy split: each busy split wrote a finite m and l >= 1 (the
@@ -133,6 +136,18 @@ def test_decode_more_splits_than_tiles():
     assert np.isnan(m[1]).all()
 
 
+@pytest.mark.parametrize("min_split_tiles, want", [(1, [3, 2, 2, 1]), (2, [2, 1, 1, 1])])
+def test_decode_min_split_tiles(min_split_tiles, want):
+    """A busy split of at least min_split_tiles tiles. Contexts of 3 tiles less 5 tokens, 2
+    tiles, 1 tile + 1 token and a padding row, 4 splits: with 1, one tile a split; with 2, the
+    first splits in two (a block walks two tiles, the other the rest) and the next two are one
+    block's walk each, which writes its output itself: no partials, no merge."""
+    tile = 32 // (64 // attention_decode.DIMS) * attention_decode.UNROLL  # _scaled's units
+    seq_lens = [3 * tile - 5, 2 * tile, tile + 1, 0]
+    _, _, busy = _run_decode(seq_lens, 8, 2, 64, 16, 4, min_split_tiles=min_split_tiles)
+    assert busy == want
+
+
 def test_decode_twice_on_the_same_counters():
     """The counters are back at zero after a launch: a second launch on them (as a graph replay
     would) merges again, with the same bits (the merge runs over the splits in a fixed order,
@@ -170,14 +185,15 @@ def test_busy_splits():
     one short) that cover the context, never more than num_splits, one for seq_len 0."""
     for head_dim in (16, 64, 128):
         tile = tile_tokens(head_dim)
-        for splits in (1, 2, 3, 8, MAX_SPLITS):
-            assert busy_splits(0, splits, head_dim) == 1
+        for splits, least in itertools.product((1, 2, 3, 8, MAX_SPLITS), (1, 2, 4)):
+            assert busy_splits(0, splits, head_dim, least) == 1
             for ctx in (1, tile - 1, tile, tile + 1, 5 * tile + 3, 100 * tile):
-                busy = busy_splits(ctx, splits, head_dim)
+                busy = busy_splits(ctx, splits, head_dim, least)
                 chunk = -(-ctx // splits)
-                chunk = -(-chunk // tile) * tile
+                chunk = max(-(-chunk // tile), least) * tile
                 assert 1 <= busy <= splits
                 assert (busy - 1) * chunk < ctx <= busy * chunk
+                assert busy == 1 or ctx > least * tile
                 assert busy == 1 or ctx > tile
 
 

@@ -43,7 +43,10 @@ The design, from the top:
   load, writes nothing and is not counted, so surplus splits cost only their scheduling. That
   is why choose_num_splits did not change when the merge moved into this kernel: fewer splits
   would save nothing at short contexts and lose parallelism at long ones (batch 1, context
-  4,096: 32 splits of two tiles).
+  4,096: 32 splits of two tiles). A busy split is at least MIN_SPLIT_TILES tiles
+  ($TINYCHAT_DECODE_MIN_SPLIT_TILES, default 1): at batch 1 a context of two tiles measured
+  15.4 us as two splits merged, against 9.7 for one tile in one block, so a block walking a
+  second tile may beat the merge's fence, counter and re-read (an A/B for the device).
 * The merge, in the same kernel ("last block done", the CUDA threadFenceReduction sample).
   With busy == 1 (one split, a context of at most one chunk, or a padding row) the block
   normalises and writes bf16 itself. Otherwise each busy split writes its unnormalised
@@ -148,6 +151,7 @@ MAX_SPLITS = 32
 SPLIT_BLOCKS_PER_SM = 4  # choose_num_splits aims at this many busy blocks per SM
 DEFAULT_BLOCKS_PER_SM = 4  # launch_bounds: blocks an SM must fit (128 threads: 128 registers)
 BLOCKS_PER_SM_ENV = "TINYCHAT_DECODE_BLOCKS_PER_SM"
+MIN_SPLIT_TILES_ENV = "TINYCHAT_DECODE_MIN_SPLIT_TILES"
 LOG2E = 1.4426950408889634
 NEG_INF = float32(-math.inf)
 FULL_MASK = 0xFFFFFFFF
@@ -168,6 +172,9 @@ def _unroll() -> int:
 
 BLOCKS_PER_SM = _blocks_per_sm()  # read once, at import
 UNROLL = _unroll()
+# The smallest busy split, in tiles: a context of at most this many tiles is one block's walk
+# (no partials, no merge), $TINYCHAT_DECODE_MIN_SPLIT_TILES or 1.
+MIN_SPLIT_TILES = env_choice(MIN_SPLIT_TILES_ENV, 1, range(1, 65))
 
 _ARGS = (
     "float32[:, ::1], uint64[:, :, :, ::1], uint64[:, :, :, ::1], int32[::1], int32[::1],"
@@ -190,10 +197,14 @@ def tile_tokens(head_dim: int) -> int:
     return NTHREADS // (head_dim // DIMS) * UNROLL
 
 
-@functools.cache
-def decode_kernel(head_dim: int, group: int, block_size: int):
+def decode_kernel(head_dim: int, group: int, block_size: int, min_split_tiles: int = 0):
     """The split-KV decode kernel (merge included) specialised for (head_dim, group,
-    block_size)."""
+    block_size, min_split_tiles; 0: MIN_SPLIT_TILES), built once per configuration."""
+    return _build(head_dim, group, block_size, min_split_tiles or MIN_SPLIT_TILES)
+
+
+@functools.cache
+def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int):
     check_shape(head_dim, group)
     # launch.SIMULATOR, not this module's SIMULATOR: the tests turn the latter off to run the
     # GPU code path in the simulator, which still cannot compile a real kernel.
@@ -203,6 +214,7 @@ def decode_kernel(head_dim: int, group: int, block_size: int):
     log_lanes = lanes.bit_length() - 1
     slots = nthreads // lanes  # tokens in flight per step
     tile = tile_tokens(head_dim)  # slots * UNROLL tokens per iteration; splits are whole tiles
+    min_chunk = min_split_tiles * tile
     nq = group * DIMS  # q values (and accumulators) per lane
     ns = group * UNROLL  # scores per lane per tile
     nw = 2 * UNROLL  # 8-byte words per lane per tile, of K and of V
@@ -260,9 +272,9 @@ def decode_kernel(head_dim: int, group: int, block_size: int):
         # This split's share of the context: whole tiles, the last splits short or empty.
         # `busy` splits hold tokens (one for a padding row, ctx 0); the others exit at once.
         chunk = (ctx + num_splits - 1) // num_splits
-        chunk = (chunk + tile - 1) // tile * tile
+        chunk = max((chunk + tile - 1) // tile * tile, min_chunk)
         busy = 1
-        if chunk > 0:
+        if ctx > 0:
             busy = (ctx + chunk - 1) // chunk
         if split >= busy:
             return  # an empty split: no more loads, no write, no counter
@@ -445,6 +457,7 @@ def decode_kernel(head_dim: int, group: int, block_size: int):
     # bytes). The on-disk cache key ignores launch bounds and closure constants: cache the
     # default build only.
     default = BLOCKS_PER_SM == DEFAULT_BLOCKS_PER_SM and UNROLL == DEFAULT_UNROLL
+    default = default and min_split_tiles == 1
     return cuda.jit(cache=default, launch_bounds=(nthreads, BLOCKS_PER_SM))(kernel)
 
 
@@ -471,12 +484,12 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, num_sms: int) -> int:
     return max(1, min(MAX_SPLITS, cdiv(SPLIT_BLOCKS_PER_SM * num_sms, blocks)))
 
 
-def busy_splits(seq_len: int, num_splits: int, head_dim: int) -> int:
+def busy_splits(seq_len: int, num_splits: int, head_dim: int, min_split_tiles: int = 0) -> int:
     """Host twin of the kernel's `busy`: the splits that hold tokens of a seq_len context (1 for
     seq_len 0, whose split 0 writes the zeros); the others exit at once."""
     tile = tile_tokens(head_dim)
-    chunk = cdiv(cdiv(seq_len, num_splits), tile) * tile
-    return cdiv(seq_len, chunk) if chunk else 1
+    chunk = max(cdiv(cdiv(seq_len, num_splits), tile), min_split_tiles or MIN_SPLIT_TILES) * tile
+    return cdiv(seq_len, chunk) if seq_len else 1
 
 
 def partial_sizes(num_seqs: int, num_heads: int, head_dim: int, num_splits: int) -> tuple:
@@ -509,6 +522,7 @@ def decode_attention(
     stream=0,
     *,
     counters=None,
+    min_split_tiles: int = 0,
 ) -> None:
     """out [T, nh * hd] bf16: attention of the query row of each of num_seqs sequences that
     has exactly one this step (the others are left to prefill_attention).
@@ -517,7 +531,7 @@ def decode_attention(
     float32 scratch of at least partial_sizes(...) elements; counters: int32 of at least
     counter_size(...) elements, ZERO when first used (the kernel leaves it zero again, so the
     same array serves every later launch and graph replay). All three may be any array of their
-    dtype when num_splits is 1.
+    dtype when num_splits is 1. min_split_tiles: the smallest busy split (0: MIN_SPLIT_TILES).
     """
     if num_seqs == 0:
         return
@@ -532,7 +546,8 @@ def decode_attention(
         counters = seq_lens  # any int32 array: a one-split launch never counts
     # Four bf16 per 8-byte load: the same bytes, viewed as uint64 (no copy).
     k64, v64 = k_cache.view(np.uint64), v_cache.view(np.uint64)
-    decode_kernel(hd, group, block_size)[(num_seqs, nkv, num_splits), NTHREADS, stream](
+    kernel = decode_kernel(hd, group, block_size, min_split_tiles)
+    kernel[(num_seqs, nkv, num_splits), NTHREADS, stream](
         qkv, k64, v64, block_tables, block_table_stride, query_start_loc, seq_lens,
         float(scale), num_splits, out, part_acc, part_ml, counters,
     )  # fmt: skip
