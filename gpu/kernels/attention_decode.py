@@ -43,10 +43,12 @@ The design, from the top:
   load, writes nothing and is not counted, so surplus splits cost only their scheduling. That
   is why choose_num_splits did not change when the merge moved into this kernel: fewer splits
   would save nothing at short contexts and lose parallelism at long ones (batch 1, context
-  4,096: 32 splits of two tiles). A busy split is at least MIN_SPLIT_TILES tiles
-  ($TINYCHAT_DECODE_MIN_SPLIT_TILES, default 1): at batch 1 a context of two tiles measured
-  15.4 us as two splits merged, against 9.7 for one tile in one block, so a block walking a
-  second tile may beat the merge's fence, counter and re-read (an A/B for the device).
+  4,096: 32 splits of two tiles). A busy split is at least MIN_SPLIT_TILES = 2 tiles
+  ($TINYCHAT_DECODE_MIN_SPLIT_TILES): a block walking a second tile is cheaper than the merge's
+  fence, counter and re-read. Measured on the H200 (cold KV, `bench_kernels.py`, fifth
+  session), 1 -> 2 -> 4 tiles: batch 1 context 128 15.3 -> 11.3 -> 10.9 us, context 1,024 21.5
+  -> 19.8 -> 22.2, context 4,096 31.8 -> 31.5 -> 27.6, batch 8 context 1,024 26.2 -> 26.1 ->
+  27.6; batches 64 and 256 (one split) unchanged.
 * The merge, in the same kernel ("last block done", the CUDA threadFenceReduction sample).
   With busy == 1 (one split, a context of at most one chunk, or a padding row) the block
   normalises and writes bf16 itself. Otherwise each busy split writes its unnormalised
@@ -90,7 +92,9 @@ TINYCHAT_DECODE_UNROLL (default 4) the other way round: 2 tokens a slot halves t
 registers of a tile, so more blocks fit and hide each other's waits. It
 changes only the code generation, not choose_num_splits (SPLIT_BLOCKS_PER_SM), so the grids,
 graph buckets and numerics stay the same. Numba's on-disk cache key ignores launch bounds, so
-only the default build is cached.
+only the default build is cached. Measured on the H200 (fifth session, cold KV, us, UNROLL 4 /
+2 / 8 with BLOCKS_PER_SM 2): batch 64 context 1,024 71.8 / 74.8 / 81.0, batch 256 context 512
+144.9 / 148.3 / 171.3, batch 1 context 32 9.5 / 8.2 / 10.0: the default stays.
 
 Expected on the H200 (4.25 TB/s copy rate; KV bytes = 2 * context * nkv * head_dim * 2 per
 sequence, 256 KB per 1,024 tokens for Llama-3.2-1B): batch 64 / context 1024 reads 128 MB, one
@@ -173,8 +177,9 @@ def _unroll() -> int:
 BLOCKS_PER_SM = _blocks_per_sm()  # read once, at import
 UNROLL = _unroll()
 # The smallest busy split, in tiles: a context of at most this many tiles is one block's walk
-# (no partials, no merge), $TINYCHAT_DECODE_MIN_SPLIT_TILES or 1.
-MIN_SPLIT_TILES = env_choice(MIN_SPLIT_TILES_ENV, 1, range(1, 65))
+# (no partials, no merge), $TINYCHAT_DECODE_MIN_SPLIT_TILES or 2.
+DEFAULT_MIN_SPLIT_TILES = 2
+MIN_SPLIT_TILES = env_choice(MIN_SPLIT_TILES_ENV, DEFAULT_MIN_SPLIT_TILES, range(1, 65))
 
 _ARGS = (
     "float32[:, ::1], uint64[:, :, :, ::1], uint64[:, :, :, ::1], int32[::1], int32[::1],"
@@ -457,7 +462,7 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int):
     # bytes). The on-disk cache key ignores launch bounds and closure constants: cache the
     # default build only.
     default = BLOCKS_PER_SM == DEFAULT_BLOCKS_PER_SM and UNROLL == DEFAULT_UNROLL
-    default = default and min_split_tiles == 1
+    default = default and min_split_tiles == DEFAULT_MIN_SPLIT_TILES
     return cuda.jit(cache=default, launch_bounds=(nthreads, BLOCKS_PER_SM))(kernel)
 
 
