@@ -28,8 +28,9 @@ from gpu.kernels.bf16 import from_bf16_bits
 
 
 def _check(
-    seq_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size, tiles=None, narrow=0
-):
+    seq_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size, tiles=None, narrow=0,
+    pipeline=None,
+):  # fmt: skip
     """narrow: the narrow_tokens threshold; 0 (the narrow kernel's own BQ) keeps every longer
     chunk on the wide tiles, so both kernels run."""
     rng, seed = fresh_rng()
@@ -37,7 +38,7 @@ def _check(
     out = poisoned((case.batch.num_tokens, num_heads * head_dim), np.uint16)
     prefill_attention(
         *attention_device_args(case), len(seq_lens), max(query_lens), num_heads,
-        head_dim**-0.5, out, tiles=tiles, narrow_tokens=narrow,
+        head_dim**-0.5, out, tiles=tiles, narrow_tokens=narrow, pipeline=pipeline,
     )  # fmt: skip
     got = from_bf16_bits(synced(out))
     assert_close(got, cpu_attention(case), RTOL, ATOL, seed, "prefill attention")
@@ -70,6 +71,15 @@ def test_prefill_attention_narrow_threshold(narrow):
     a chat's new turn over its history (9 rows from position 31, 19 rows from 26) goes narrow
     at 19 while the 24-row prompt stays wide; at 9 only the first; by default all three."""
     _check([40, 45, 24, 12], [9, 19, 24, 1], 6, 2, 64, 16, narrow=narrow)
+
+
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_prefill_attention_gather(pipeline):
+    """The K/V gather, both ways (the next tile's loads issued before or after this tile's
+    arithmetic), with KV tiles of 4 keys where a pass of the block covers 8 (head_dim 16: some
+    threads gather no row), chunks starting mid-block, several tiles past the diagonal."""
+    wide, narrow = Tiles(16, 4, 2, 1), Tiles(8, 4, 1, 1)
+    _check([29, 13, 6], [11, 13, 2], 4, 2, 16, 8, tiles=(wide, narrow), pipeline=pipeline)
 
 
 def test_prefill_attention_only_short_rows():

@@ -23,7 +23,9 @@ The design now (a GEMM-shaped kernel, flash-attention v2 without tensor cores):
 * The block walks the context in KV tiles of BK tokens, only up to its last query's position:
   tiles beyond the diagonal are never touched, and only the tiles that cross it pay for the
   mask. Each KV tile is gathered through the block table into shared memory, converted from
-  bf16 once, two values per 32-bit load (the caches are read through a uint32 view).
+  bf16 once, four values per 64-bit load (the caches are read through a uint64 view). All of
+  a tile's loads are issued before any is used (positions past the end are clamped to the
+  last key, so none is conditional), and the block table is read one tile ahead.
 * Threads form a NTY x NTX grid (NTX = BK / TN lanes of a warp share rows). Thread (ty, tx)
   owns TM rows (ty + i * NTY) and, of each KV tile, TN keys (tx + j * NTX): it computes a TM x TN
   register tile of S = Q K^T out of shared memory, reading 4 dimensions of each of its rows and
@@ -63,6 +65,17 @@ Measured on the H200 (issue 5): 1.09 ms for that chunk, 19.3 TFLOP/s (13x the fi
 2,048 x 2,048 causal 16.5 TFLOP/s; a mixed batch of 4 x 256 new tokens + 60 decode rows 0.44 ms.
 Of the swept shapes the default (64, 32, 4, 4) was fastest; TM = 8 was 9% slower.
 
+The gather (fifth session). A chat's new turn, 48 rows over a 530-token history, took 108 us a
+layer (85 narrow): each KV tile cost ~9 us, for 16 KB of K and V. The gather was a loop of
+4-byte loads, each behind its own block-table load and followed by shared stores, so a
+thread's loads went out one round trip at a time. Now a thread owns one 8-byte word index of
+evenly spaced rows (2 loop-invariant values, not 2 per word: ptxas fits 128 registers with no
+spill, where per-word indexing took 168), clamps positions instead of branching, issues all of
+its loads at once, and reads the block table a tile ahead; PIPELINE (off by default, to be
+measured) moves the next tile's loads before this tile's arithmetic. launch_bounds holds
+BLOCKS_PER_SM = 4 blocks of 128 threads on an SM (128 registers a thread; ptxas: no spill
+except 8-16 bytes pipelined).
+
 The grid's query-tile count, cdiv(max_query_len, BQ), is a host value of the step: prefill runs
 eagerly (or one graph per token bucket). Decode-only steps use attention_decode.
 
@@ -79,16 +92,26 @@ from dataclasses import dataclass
 from functools import cache
 
 import numpy as np
-from numba import cuda, float32, int32, uint32, uint64
+from numba import cuda, float32, int32, uint64
 
-from gpu.kernels.bf16 import bits_f32, f32_to_bf16
+from gpu.kernels import launch
+from gpu.kernels.bf16 import bf16_of_word, f32_to_bf16
 from gpu.kernels.launch import SIMULATOR, cdiv, device_function, env_choice
 
 NEG_INF = float32(-math.inf)
 # Sequences with at most this many query rows in a step take the narrow tiles (at least the
 # narrow kernel's BQ do, whatever the setting); $TINYCHAT_PREFILL_NARROW_TOKENS overrides it.
 NARROW_TOKENS_ENV = "TINYCHAT_PREFILL_NARROW_TOKENS"
-NARROW_TOKENS = env_choice(NARROW_TOKENS_ENV, 256, range(0, 1 << 20))
+NARROW_TOKENS = env_choice(NARROW_TOKENS_ENV, 128, range(0, 1 << 20))
+# 1: the next K/V tile loads into registers while this one is computed ($TINYCHAT_PREFILL_PIPELINE).
+PIPELINE_ENV = "TINYCHAT_PREFILL_PIPELINE"
+PIPELINE = bool(env_choice(PIPELINE_ENV, 0, (0, 1)))
+# launch_bounds: blocks an SM must fit, 4 = 128 registers a thread ($TINYCHAT_PREFILL_BLOCKS_PER_SM)
+BLOCKS_PER_SM = env_choice("TINYCHAT_PREFILL_BLOCKS_PER_SM", 4, range(1, 17))
+# The narrow launch covers cdiv(NARROW_TOKENS, BQ) query tiles of every sequence, most of them
+# empty (they exit at once); past this many blocks (a step of many sequences) it falls back to
+# the decode-row width.
+MAX_NARROW_BLOCKS = 4096
 SHARED_BYTES = 48 * 1024  # static shared memory per block
 FULL_MASK = 0xFFFFFFFF
 
@@ -134,6 +157,7 @@ class Tiles:
             and ntx & (ntx - 1) == 0
             and ntx <= 32
             and head_dim % (4 * ntx) == 0
+            and self.threads % (head_dim // 4) == 0  # the gather: whole rows per pass
             and self.bk % 4 == 0
             and self.query_tokens(group) >= 1
             and (simulator or self.threads % 32 == 0)
@@ -222,7 +246,14 @@ else:
 # --- the kernel factory ----------------------------------------------------------------------
 
 
-def _build(head_dim: int, group: int, block_size: int, tiles: Tiles, simulator: bool = SIMULATOR):
+def _build(
+    head_dim: int,
+    group: int,
+    block_size: int,
+    tiles: Tiles,
+    simulator: bool = SIMULATOR,
+    pipeline: bool = False,
+):
     """The kernel specialised for one shape and tile configuration (all loop bounds constant).
 
     Shared-memory loops index with unsigned integers (Numba adds a negative-index check to every
@@ -230,7 +261,10 @@ def _build(head_dim: int, group: int, block_size: int, tiles: Tiles, simulator: 
     turns into one 128-bit load: Q and K rows are padded to head_dim + 4 floats, P rows to
     BK + max(NTX, 4), so the lanes of a warp still hit different banks."""
     hd = head_dim
-    hw = hd // 2  # 32-bit words per K/V row
+    hq = hd // 4  # 8-byte words (four bf16) per K/V row
+    tpp = tiles.threads // hq  # tokens gathered per pass of the block
+    per_thread = cdiv(tiles.bk, tpp)  # the gather's loads per thread, of K and of V
+    ragged = per_thread * tpp != tiles.bk  # some threads have one word fewer
     rows, bk, tm, tn = tiles.rows, tiles.bk, tiles.tm, tiles.tn
     nty, ntx, nthreads = tiles.nty, tiles.ntx, tiles.threads
     dpt = hd // ntx  # output dimensions per thread, in groups of 4: (tx + c4 * NTX) * 4 + w
@@ -242,6 +276,29 @@ def _build(head_dim: int, group: int, block_size: int, tiles: Tiles, simulator: 
     align = None if simulator else 16  # the simulator takes no alignment
     u4, u_nty, u_ntx = np.uint64(4), np.uint64(nty), np.uint64(ntx)
     u_hd4, u_bk4 = np.uint64(hd // 4), np.uint64(bk // 4)
+
+    # The gather of a K/V tile. Thread `tid` owns 8-byte word w = tid % hq of the tokens
+    # tq + g * tpp (tq = tid // hq): one word index and evenly spaced rows, so the loop-invariant
+    # addressing is two values, not two per word. Positions past the block's last key are
+    # clamped to it (a valid slot, masked like every key past the diagonal), so every load is
+    # unconditional and a tile's loads are all in flight together; the physical blocks are
+    # looked up a tile ahead.
+
+    @device_function
+    def lookup_blocks(block_tables, table, base, last, bt, tq):
+        """bt[g]: the physical block of row g's token in the tile starting at `base`."""
+        for g in range(per_thread):
+            bt[g] = block_tables[table + min(base + tq + g * tpp, last) // block_size]
+
+    @device_function
+    def load_words(k_words, v_words, kvh, base, last, bt, kg, vg, tq, w):
+        """Issue the loads of the tile starting at `base` (its blocks in bt) into kg, vg."""
+        for g in range(per_thread):
+            t = tq + g * tpp
+            if not ragged or t < bk:
+                off = min(base + t, last) % block_size
+                kg[g] = k_words[bt[g], off, kvh, w]
+                vg[g] = v_words[bt[g], off, kvh, w]
 
     def kernel(
         qkv,
@@ -269,6 +326,9 @@ def _build(head_dim: int, group: int, block_size: int, tiles: Tiles, simulator: 
         qa = cuda.local.array((tm, 4), float32)
         kb = cuda.local.array((tn, 4), float32)
         vb = cuda.local.array((dpt4, 4), float32)
+        kg = cuda.local.array(per_thread, uint64)  # the gather's words in flight
+        vg = cuda.local.array(per_thread, uint64)
+        bt = cuda.local.array(per_thread, int32)  # their physical blocks, one tile ahead
 
         tid = cuda.threadIdx.x
         tx = tid % ntx
@@ -308,24 +368,32 @@ def _build(head_dim: int, group: int, block_size: int, tiles: Tiles, simulator: 
             for c in range(dpt):
                 o[i, c] = float32(0.0)
 
+        # Pipelined, the next tile's words load while this tile's scores are computed
+        # (registers: 4 per word of K and V in flight); otherwise right before they are stored.
+        last = kv_end - 1
+        tq = tid // hq
+        wq = tid - tq * hq
+        uw4 = uint64(wq) * u4
+        lookup_blocks(block_tables, table, 0, last, bt, tq)
+        if pipeline:
+            load_words(k_words, v_words, kvh, 0, last, bt, kg, vg, tq, wq)
+            lookup_blocks(block_tables, table, bk, last, bt, tq)
+
         for t0 in range(0, kv_end, bk):
-            # Gather the K and V tile (past kv_end: zeros, never read from the cache).
-            for e in range(tid, bk * hw, nthreads):
-                t = e // hw
-                w = e - t * hw
-                pos = t0 + t
-                kw = uint32(0)
-                vw = uint32(0)
-                if pos < kv_end:
-                    blk = block_tables[table + pos // block_size]
-                    off = pos % block_size
-                    kw = uint32(k_words[blk, off, kvh, w])
-                    vw = uint32(v_words[blk, off, kvh, w])
-                # Little-endian: the low half is dimension 2w, the high half 2w + 1.
-                k_sh[t, 2 * w] = bits_f32((kw & 0xFFFF) << 16)
-                k_sh[t, 2 * w + 1] = bits_f32(kw & 0xFFFF0000)
-                v_sh[t, 2 * w] = bits_f32((vw & 0xFFFF) << 16)
-                v_sh[t, 2 * w + 1] = bits_f32(vw & 0xFFFF0000)
+            if not pipeline:
+                load_words(k_words, v_words, kvh, t0, last, bt, kg, vg, tq, wq)
+                lookup_blocks(block_tables, table, t0 + bk, last, bt, tq)
+            # This tile's words into shared memory, as fp32 (bf16 u of word w is dimension
+            # 4w + u).
+            for g in range(per_thread):
+                t = tq + g * tpp
+                if not ragged or t < bk:
+                    for u in range(4):
+                        k_sh[uint64(t), uw4 + uint64(u)] = bf16_of_word(kg[g], u)
+                        v_sh[uint64(t), uw4 + uint64(u)] = bf16_of_word(vg[g], u)
+            if pipeline and t0 + bk < kv_end:
+                load_words(k_words, v_words, kvh, t0 + bk, last, bt, kg, vg, tq, wq)
+                lookup_blocks(block_tables, table, t0 + 2 * bk, last, bt, tq)
             cuda.syncthreads()
 
             # S = Q K^T, a TM x TN register tile per thread, 4 dimensions per step.
@@ -403,12 +471,17 @@ def _build(head_dim: int, group: int, block_size: int, tiles: Tiles, simulator: 
 
     # A name that says which specialisation a profiler is showing.
     kernel.__name__ = f"prefill_attention_hd{hd}_g{group}_r{rows}_k{bk}_t{tm}x{tn}"
-    return cuda.jit(cache=True)(kernel)
+    kernel.__name__ += "_pipelined" if pipeline else ""
+    if launch.SIMULATOR:  # (not `simulator`: the GPU's shapes are built there for tests)
+        return cuda.jit(cache=True)(kernel)
+    # The on-disk cache key ignores launch bounds: cache the default build only.
+    bounds = (nthreads, BLOCKS_PER_SM)
+    return cuda.jit(cache=BLOCKS_PER_SM == 4, launch_bounds=bounds)(kernel)
 
 
 @cache
-def get_kernel(head_dim: int, group: int, block_size: int, tiles: Tiles):
-    return _build(head_dim, group, block_size, tiles)
+def get_kernel(head_dim: int, group: int, block_size: int, tiles: Tiles, pipeline: bool):
+    return _build(head_dim, group, block_size, tiles, pipeline=pipeline)
 
 
 # Representative specialisations, for tests/test_kernels_compile.py (sm_90, no GPU):
@@ -416,17 +489,21 @@ def get_kernel(head_dim: int, group: int, block_size: int, tiles: Tiles):
 _LLAMA_WIDE, _LLAMA_NARROW = choose_tiles(64, 4, simulator=False)
 prefill_attention_kernel = _build(64, 4, 16, _LLAMA_WIDE, simulator=False)
 prefill_attention_narrow_kernel = _build(64, 4, 16, _LLAMA_NARROW, simulator=False)
+prefill_attention_pipelined_kernel = _build(64, 4, 16, _LLAMA_WIDE, False, pipeline=True)
+prefill_attention_narrow_pipelined_kernel = _build(64, 4, 16, _LLAMA_NARROW, False, True)
 prefill_attention_group3_kernel = _build(64, 3, 16, choose_tiles(64, 3, False)[0], False)
 # The tests' tiny models: head_dim 16, block size 4 (4 lanes a row).
 prefill_attention_hd16_kernel = _build(16, 2, 4, choose_tiles(16, 2, False)[0], False)
 prefill_attention_hd16_narrow_kernel = _build(16, 2, 4, choose_tiles(16, 2, False)[1], False)
 _SIG = (
-    "void(float32[:, ::1], uint32[:, :, :, ::1], uint32[:, :, :, ::1], int32[::1], int32[::1],"
+    "void(float32[:, ::1], uint64[:, :, :, ::1], uint64[:, :, :, ::1], int32[::1], int32[::1],"
     " int32[::1], int32[::1], float32, int64, int64, uint16[:, ::1])"
 )
 SIGNATURES = {
     "prefill_attention_kernel": [_SIG],
     "prefill_attention_narrow_kernel": [_SIG],
+    "prefill_attention_pipelined_kernel": [_SIG],
+    "prefill_attention_narrow_pipelined_kernel": [_SIG],
     "prefill_attention_group3_kernel": [_SIG],
     "prefill_attention_hd16_kernel": [_SIG],
     "prefill_attention_hd16_narrow_kernel": [_SIG],
@@ -450,13 +527,15 @@ def prefill_attention(
     tiles: tuple[Tiles, Tiles] | None = None,
     decode_rows: bool = True,
     narrow_tokens: int | None = None,
+    pipeline: bool | None = None,
 ) -> None:
     """out [T, nh * hd] bf16: causal attention of every query row over its sequence's cache.
 
     tiles: (wide, narrow) configurations, choose_tiles' by default (tests and benchmarks pass
     others). decode_rows False: sequences with a single row this step are skipped (the cuda
     backend runs them through attention_decode's split-KV kernel). narrow_tokens: sequences
-    with at most this many rows take the narrow tiles (NARROW_TOKENS by default)."""
+    with at most this many rows take the narrow tiles (NARROW_TOKENS by default). pipeline:
+    the K/V gather of the next tile overlaps this one's arithmetic (PIPELINE by default)."""
     if num_seqs == 0 or max_query_len == 0:
         return
     block_size, nkv, hd = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
@@ -466,19 +545,23 @@ def prefill_attention(
         if not t.fits(hd, group):
             raise ValueError(f"prefill attention: {t} does not fit head_dim {hd}, group {group}")
     args = (
-        qkv, k_cache.view(np.uint32), v_cache.view(np.uint32), block_tables, block_table_stride,
+        qkv, k_cache.view(np.uint64), v_cache.view(np.uint64), block_tables, block_table_stride,
         query_start_loc, seq_lens, np.float32(scale),
     )  # fmt: skip
+    pipelined = PIPELINE if pipeline is None else pipeline
     # Sequences with at most `small` rows go narrow.
-    small = max(
-        NARROW_TOKENS if narrow_tokens is None else narrow_tokens, narrow.query_tokens(group)
-    )
+    bq_narrow = narrow.query_tokens(group)
+    small = NARROW_TOKENS if narrow_tokens is None else narrow_tokens
+    small = min(small, max_query_len)
+    if cdiv(small, bq_narrow) * nkv * num_seqs > MAX_NARROW_BLOCKS:
+        small = bq_narrow
+    small = max(small, bq_narrow)
     if max_query_len > small:
-        kernel = get_kernel(hd, group, block_size, wide)
+        kernel = get_kernel(hd, group, block_size, wide, pipelined)
         grid = (cdiv(max_query_len, wide.query_tokens(group)), nkv, num_seqs)
         kernel[grid, wide.threads, stream](*args, small + 1, max_query_len, out)
     # Always, even for one sequence: max_query_len may be a bound (a graph bucket's token
     # count), so a sequence of few rows can hide behind it; if none has few, these blocks exit.
-    kernel = get_kernel(hd, group, block_size, narrow)
-    grid = (cdiv(min(max_query_len, small), narrow.query_tokens(group)), nkv, num_seqs)
+    kernel = get_kernel(hd, group, block_size, narrow, pipelined)
+    grid = (cdiv(min(max_query_len, small), bq_narrow), nkv, num_seqs)
     kernel[grid, narrow.threads, stream](*args, 1 if decode_rows else 2, small, out)
