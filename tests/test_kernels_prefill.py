@@ -23,22 +23,34 @@ from kernel_helpers import (
     synced,
 )
 
-from gpu.kernels.attention_prefill import SHARED_BYTES, Tiles, choose_tiles, prefill_attention
+from gpu.kernels.attention_prefill import (
+    SHARED_BYTES,
+    Tiles,
+    choose_tiles,
+    prefill_attention,
+    split_sizes,
+)
 from gpu.kernels.bf16 import from_bf16_bits
 
 
 def _check(
     seq_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size, tiles=None, narrow=0,
-    pipeline=None,
+    pipeline=None, splits=1,
 ):  # fmt: skip
     """narrow: the narrow_tokens threshold; 0 (the narrow kernel's own BQ) keeps every longer
     chunk on the wide tiles, so both kernels run."""
     rng, seed = fresh_rng()
     case = paged_case(rng, seq_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size)
     out = poisoned((case.batch.num_tokens, num_heads * head_dim), np.uint16)
+    o_size, ml_size = split_sizes(case.batch.num_tokens, num_heads, head_dim, splits)
+    part_o, part_ml = (
+        poisoned((max(o_size, 1),), np.float32),
+        poisoned((max(ml_size, 1),), np.float32),
+    )
     prefill_attention(
         *attention_device_args(case), len(seq_lens), max(query_lens), num_heads,
         head_dim**-0.5, out, tiles=tiles, narrow_tokens=narrow, pipeline=pipeline,
+        part_o=part_o, part_ml=part_ml, splits=splits,
     )  # fmt: skip
     got = from_bf16_bits(synced(out))
     assert_close(got, cpu_attention(case), RTOL, ATOL, seed, "prefill attention")
@@ -80,6 +92,19 @@ def test_prefill_attention_gather(pipeline):
     threads gather no row), chunks starting mid-block, several tiles past the diagonal."""
     wide, narrow = Tiles(16, 4, 2, 1), Tiles(8, 4, 1, 1)
     _check([29, 13, 6], [11, 13, 2], 4, 2, 16, 8, tiles=(wide, narrow), pipeline=pipeline)
+
+
+@pytest.mark.parametrize("splits", [2, 3])
+def test_prefill_attention_split_kv(splits):
+    """Short chunks over long histories, their keys split `splits` ways and merged: a chat turn
+    of 9 rows from position 61; a 2-row chunk whose query tile straddles a split boundary (in
+    the simulator's tiles: its first row sees no key of the last split, all masked there); a
+    2-row chunk whose keys fit one split (written directly); a long prompt on the wide tiles
+    (never split). GQA 3, head_dim 64."""
+    straddle = 8 * (splits - 1) + 1  # kv_end one past a split boundary (simulator: bk 8, bq 2)
+    _check(
+        [70, straddle, 6, 30], [9, 2, 2, 30], 6, 2, 64, 16, narrow=9, splits=splits
+    )  # fmt: skip
 
 
 def test_prefill_attention_only_short_rows():

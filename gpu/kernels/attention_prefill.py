@@ -96,7 +96,7 @@ from numba import cuda, float32, int32, uint64
 
 from gpu.kernels import launch
 from gpu.kernels.bf16 import bf16_of_word, f32_to_bf16
-from gpu.kernels.launch import SIMULATOR, cdiv, device_function, env_choice
+from gpu.kernels.launch import SIMULATOR, cdiv, device_function, env_choice, threads
 
 NEG_INF = float32(-math.inf)
 # Sequences with at most this many query rows in a step take the narrow tiles (at least the
@@ -112,6 +112,11 @@ BLOCKS_PER_SM = env_choice("TINYCHAT_PREFILL_BLOCKS_PER_SM", 4, range(1, 17))
 # empty (they exit at once); past this many blocks (a step of many sequences) it falls back to
 # the decode-row width.
 MAX_NARROW_BLOCKS = 4096
+# Split-KV for the narrow launch (short chunks over a long history: a chat's new turn gets
+# cdiv(48, 4) x 8 = 96 blocks of a 530-key walk each for 132 SMs): each query tile's keys in
+# SPLITS chunks, merged by a second launch ($TINYCHAT_PREFILL_SPLITS, 1: off). The caller
+# provides the partials' scratch (split_sizes), which bounds the rows of a split launch.
+SPLITS = env_choice("TINYCHAT_PREFILL_SPLITS", 4, range(1, 17))
 SHARED_BYTES = 48 * 1024  # static shared memory per block
 FULL_MASK = 0xFFFFFFFF
 
@@ -246,6 +251,22 @@ else:
 # --- the kernel factory ----------------------------------------------------------------------
 
 
+def _split_range(bk: int, splits: int):
+    """The device function (ks, ke, busy) = split_range(kv_end, split): split `split` of the
+    keys [0, kv_end) of a query tile, cut in `splits` chunks of whole KV tiles (bk keys);
+    `busy` splits hold keys, the others are empty. The attention kernel and the merge share it."""
+
+    @device_function
+    def split_range(kv_end, split):
+        chunk = (kv_end + splits - 1) // splits
+        chunk = (chunk + bk - 1) // bk * bk
+        busy = (kv_end + chunk - 1) // chunk
+        ks = split * chunk
+        return ks, min(kv_end, ks + chunk), busy
+
+    return split_range
+
+
 def _build(
     head_dim: int,
     group: int,
@@ -253,6 +274,7 @@ def _build(
     tiles: Tiles,
     simulator: bool = SIMULATOR,
     pipeline: bool = False,
+    splits: int = 1,
 ):
     """The kernel specialised for one shape and tile configuration (all loop bounds constant).
 
@@ -284,6 +306,8 @@ def _build(
     # unconditional and a tile's loads are all in flight together; the physical blocks are
     # looked up a tile ahead.
 
+    split_range = _split_range(bk, splits)
+
     @device_function
     def lookup_blocks(block_tables, table, base, last, bt, tq):
         """bt[g]: the physical block of row g's token in the tile starting at `base`."""
@@ -312,6 +336,8 @@ def _build(
         q_min,
         q_max,
         out,
+        part_o,
+        part_ml,
     ):
         q_sh = cuda.shared.array((rows, hd4), float32, alignment=align)
         k_sh = cuda.shared.array((bk, hd4), float32, alignment=align)
@@ -335,7 +361,8 @@ def _build(
         ty = tid // ntx
         utx = uint64(tx)
         uty = uint64(ty)
-        kvh = cuda.blockIdx.y
+        kvh = cuda.blockIdx.y // splits
+        split = cuda.blockIdx.y - kvh * splits
         b = cuda.blockIdx.z
         q_start = query_start_loc[b]
         q_len = query_start_loc[b + 1] - q_start
@@ -349,6 +376,12 @@ def _build(
         first_pos = p0 + j0
         kv_end = first_pos + nq  # tokens this tile's last query sees
         table = b * block_table_stride[0]
+        # Split-KV: this block walks keys [ks, ke), whole KV tiles, of the tile's kv_end.
+        ks, ke, busy = 0, kv_end, 1
+        if splits > 1:
+            ks, ke, busy = split_range(kv_end, split)
+            if split >= busy:
+                return  # an empty split: no loads, no write
 
         # Q tile, scaled: row r is query token j0 + r // group, head kvh * group + r % group.
         for e in range(tid, rows * hd, nthreads):
@@ -370,16 +403,16 @@ def _build(
 
         # Pipelined, the next tile's words load while this tile's scores are computed
         # (registers: 4 per word of K and V in flight); otherwise right before they are stored.
-        last = kv_end - 1
+        last = ke - 1
         tq = tid // hq
         wq = tid - tq * hq
         uw4 = uint64(wq) * u4
-        lookup_blocks(block_tables, table, 0, last, bt, tq)
+        lookup_blocks(block_tables, table, ks, last, bt, tq)
         if pipeline:
-            load_words(k_words, v_words, kvh, 0, last, bt, kg, vg, tq, wq)
-            lookup_blocks(block_tables, table, bk, last, bt, tq)
+            load_words(k_words, v_words, kvh, ks, last, bt, kg, vg, tq, wq)
+            lookup_blocks(block_tables, table, ks + bk, last, bt, tq)
 
-        for t0 in range(0, kv_end, bk):
+        for t0 in range(ks, ke, bk):
             if not pipeline:
                 load_words(k_words, v_words, kvh, t0, last, bt, kg, vg, tq, wq)
                 lookup_blocks(block_tables, table, t0 + bk, last, bt, tq)
@@ -391,7 +424,7 @@ def _build(
                     for u in range(4):
                         k_sh[uint64(t), uw4 + uint64(u)] = bf16_of_word(kg[g], u)
                         v_sh[uint64(t), uw4 + uint64(u)] = bf16_of_word(vg[g], u)
-            if pipeline and t0 + bk < kv_end:
+            if pipeline and t0 + bk < ke:
                 load_words(k_words, v_words, kvh, t0 + bk, last, bt, kg, vg, tq, wq)
                 lookup_blocks(block_tables, table, t0 + 2 * bk, last, bt, tq)
             cuda.syncthreads()
@@ -425,12 +458,15 @@ def _build(
                         s[i, c] = NEG_INF
                     top = max(top, s[i, c])
                 top = lanes_max(top, scratch, row, tx, ntx)
-                m_new = max(m[i], top)  # finite: key 0 is in every row's first tile
-                alpha = math.exp(m[i] - m_new)
+                m_new = max(m[i], top)  # finite in split 0: key 0 is in every row's first tile
+                base = m_new
+                if splits > 1 and m_new == NEG_INF:
+                    base = float32(0.0)  # a later split, all of this row's keys masked so far
+                alpha = math.exp(m[i] - base)
                 m[i] = m_new
                 total = float32(0.0)
                 for c in range(tn):
-                    p = math.exp(s[i, c] - m_new)
+                    p = math.exp(s[i, c] - base)
                     p_sh[row, tx + c * ntx] = p
                     total += p
                 ell[i] = ell[i] * alpha + total  # this lane's share of the row sum
@@ -461,17 +497,28 @@ def _build(
             total = lanes_sum(ell[i], scratch, row, tx, ntx)
             j = row // group
             if j < nq:
-                inv = float32(1.0) / total
+                inv = float32(1.0)
+                if busy == 1:  # (a split's row may have seen no key yet: total 0)
+                    inv = float32(1.0) / total
                 token = q_start + j0 + j
-                col = (kvh * group + row - j * group) * hd
+                head = kvh * group + row - j * group
+                idx = (token * (k_words.shape[2] * group) + head) * splits + split
                 for c4 in range(dpt4):
                     for w in range(4):
                         dim = (tx + c4 * ntx) * 4 + w
-                        out[token, col + dim] = f32_to_bf16(o[i, c4 * 4 + w] * inv)
+                        if busy == 1:
+                            out[token, head * hd + dim] = f32_to_bf16(o[i, c4 * 4 + w] * inv)
+                        else:  # unnormalised, with (m, l): prefill_merge_kernel's
+                            part_o[idx * hd + dim] = o[i, c4 * 4 + w]
+                if busy > 1 and tx == 0:
+                    part_ml[2 * idx] = m[i]
+                    part_ml[2 * idx + 1] = total
 
     # A name that says which specialisation a profiler is showing.
     kernel.__name__ = f"prefill_attention_hd{hd}_g{group}_r{rows}_k{bk}_t{tm}x{tn}"
-    kernel.__name__ += "_pipelined" if pipeline else ""
+    kernel.__name__ += ("_pipelined" if pipeline else "") + (
+        f"_split{splits}" if splits > 1 else ""
+    )
     if launch.SIMULATOR:  # (not `simulator`: the GPU's shapes are built there for tests)
         return cuda.jit(cache=True)(kernel)
     # The on-disk cache key ignores launch bounds: cache the default build only.
@@ -480,8 +527,58 @@ def _build(
 
 
 @cache
-def get_kernel(head_dim: int, group: int, block_size: int, tiles: Tiles, pipeline: bool):
-    return _build(head_dim, group, block_size, tiles, pipeline=pipeline)
+def get_kernel(
+    head_dim: int, group: int, block_size: int, tiles: Tiles, pipeline: bool, splits: int = 1
+):
+    return _build(head_dim, group, block_size, tiles, pipeline=pipeline, splits=splits)
+
+
+@cache
+def merge_kernel(head_dim: int, group: int, bq: int, bk: int, splits: int):
+    """The merge of a split launch: one block per (query tile, KV head, sequence), the grid of
+    the attention launch without its splits; a tile whose keys fit one split was written by
+    its block directly and is skipped. out = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s over
+    the busy splits in order (M = max m_s: finite, split 0 holds key 0 of every row)."""
+    split_range = _split_range(bk, splits)
+    nthreads = threads(128)
+
+    def kernel(query_start_loc, seq_lens, q_min, q_max, part_o, part_ml, out):
+        kvh = cuda.blockIdx.y
+        b = cuda.blockIdx.z
+        q_start = query_start_loc[b]
+        q_len = query_start_loc[b + 1] - q_start
+        if q_len < q_min or q_len > q_max:
+            return
+        j0 = (cuda.gridDim.x - 1 - cuda.blockIdx.x) * bq
+        if j0 >= q_len:
+            return
+        nq = min(bq, q_len - j0)
+        busy = split_range(seq_lens[b] - q_len + j0 + nq, 0)[2]
+        if busy == 1:
+            return
+        num_heads = out.shape[1] // head_dim
+        for e in range(cuda.threadIdx.x, nq * group * head_dim, nthreads):
+            r = e // head_dim
+            d = e - r * head_dim
+            j = r // group
+            token = q_start + j0 + j
+            head = kvh * group + r - j * group
+            base = (token * num_heads + head) * splits
+            top = NEG_INF
+            for k in range(splits):
+                if k < busy:
+                    top = max(top, part_ml[2 * (base + k)])
+            num = float32(0.0)
+            den = float32(0.0)
+            for k in range(splits):
+                if k < busy:
+                    w = math.exp(part_ml[2 * (base + k)] - top)
+                    num += w * part_o[(base + k) * head_dim + d]
+                    den += w * part_ml[2 * (base + k) + 1]
+            out[token, head * head_dim + d] = f32_to_bf16(num / den)
+
+    kernel.__name__ = f"prefill_merge_hd{head_dim}_g{group}_q{bq}_s{splits}"
+    return cuda.jit(cache=True)(kernel)
 
 
 # Representative specialisations, for tests/test_kernels_compile.py (sm_90, no GPU):
@@ -491,19 +588,26 @@ prefill_attention_kernel = _build(64, 4, 16, _LLAMA_WIDE, simulator=False)
 prefill_attention_narrow_kernel = _build(64, 4, 16, _LLAMA_NARROW, simulator=False)
 prefill_attention_pipelined_kernel = _build(64, 4, 16, _LLAMA_WIDE, False, pipeline=True)
 prefill_attention_narrow_pipelined_kernel = _build(64, 4, 16, _LLAMA_NARROW, False, True)
+prefill_attention_narrow_split_kernel = _build(64, 4, 16, _LLAMA_NARROW, False, splits=4)
+prefill_merge_kernel = merge_kernel(64, 4, _LLAMA_NARROW.query_tokens(4), _LLAMA_NARROW.bk, 4)
 prefill_attention_group3_kernel = _build(64, 3, 16, choose_tiles(64, 3, False)[0], False)
 # The tests' tiny models: head_dim 16, block size 4 (4 lanes a row).
 prefill_attention_hd16_kernel = _build(16, 2, 4, choose_tiles(16, 2, False)[0], False)
 prefill_attention_hd16_narrow_kernel = _build(16, 2, 4, choose_tiles(16, 2, False)[1], False)
 _SIG = (
     "void(float32[:, ::1], uint64[:, :, :, ::1], uint64[:, :, :, ::1], int32[::1], int32[::1],"
-    " int32[::1], int32[::1], float32, int64, int64, uint16[:, ::1])"
+    " int32[::1], int32[::1], float32, int64, int64, uint16[:, ::1], float32[::1], float32[::1])"
+)
+_MERGE_SIG = (
+    "void(int32[::1], int32[::1], int64, int64, float32[::1], float32[::1], uint16[:, ::1])"
 )
 SIGNATURES = {
     "prefill_attention_kernel": [_SIG],
     "prefill_attention_narrow_kernel": [_SIG],
     "prefill_attention_pipelined_kernel": [_SIG],
     "prefill_attention_narrow_pipelined_kernel": [_SIG],
+    "prefill_attention_narrow_split_kernel": [_SIG],
+    "prefill_merge_kernel": [_MERGE_SIG],
     "prefill_attention_group3_kernel": [_SIG],
     "prefill_attention_hd16_kernel": [_SIG],
     "prefill_attention_hd16_narrow_kernel": [_SIG],
@@ -528,6 +632,9 @@ def prefill_attention(
     decode_rows: bool = True,
     narrow_tokens: int | None = None,
     pipeline: bool | None = None,
+    part_o=None,
+    part_ml=None,
+    splits: int | None = None,
 ) -> None:
     """out [T, nh * hd] bf16: causal attention of every query row over its sequence's cache.
 
@@ -535,7 +642,11 @@ def prefill_attention(
     others). decode_rows False: sequences with a single row this step are skipped (the cuda
     backend runs them through attention_decode's split-KV kernel). narrow_tokens: sequences
     with at most this many rows take the narrow tiles (NARROW_TOKENS by default). pipeline:
-    the K/V gather of the next tile overlaps this one's arithmetic (PIPELINE by default)."""
+    the K/V gather of the next tile overlaps this one's arithmetic (PIPELINE by default).
+
+    part_o / part_ml: float32 scratch of at least split_sizes(T, nh, hd, splits) elements: with
+    them the narrow launch splits each query tile's keys `splits` ways (SPLITS by default) and a
+    merge launch combines them; without (or too small for T rows), it does not split."""
     if num_seqs == 0 or max_query_len == 0:
         return
     block_size, nkv, hd = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
@@ -549,6 +660,8 @@ def prefill_attention(
         query_start_loc, seq_lens, np.float32(scale),
     )  # fmt: skip
     pipelined = PIPELINE if pipeline is None else pipeline
+    if part_o is None or part_ml is None:  # (tests, benchmarks) no scratch: no split
+        part_o = part_ml = cuda.device_array(1, np.float32, stream=stream)
     # Sequences with at most `small` rows go narrow.
     bq_narrow = narrow.query_tokens(group)
     small = NARROW_TOKENS if narrow_tokens is None else narrow_tokens
@@ -559,9 +672,28 @@ def prefill_attention(
     if max_query_len > small:
         kernel = get_kernel(hd, group, block_size, wide, pipelined)
         grid = (cdiv(max_query_len, wide.query_tokens(group)), nkv, num_seqs)
-        kernel[grid, wide.threads, stream](*args, small + 1, max_query_len, out)
+        kernel[grid, wide.threads, stream](*args, small + 1, max_query_len, out, part_o, part_ml)
     # Always, even for one sequence: max_query_len may be a bound (a graph bucket's token
     # count), so a sequence of few rows can hide behind it; if none has few, these blocks exit.
-    kernel = get_kernel(hd, group, block_size, narrow, pipelined)
-    grid = (cdiv(min(max_query_len, small), bq_narrow), nkv, num_seqs)
-    kernel[grid, narrow.threads, stream](*args, 1 if decode_rows else 2, small, out)
+    tiles_x = cdiv(min(max_query_len, small), bq_narrow)
+    n_split = SPLITS if splits is None else splits
+    o_size, ml_size = split_sizes(out.shape[0], num_heads, hd, n_split)
+    if part_o.shape[0] < o_size or part_ml.shape[0] < ml_size:
+        n_split = 1
+    q_min = 1 if decode_rows else 2
+    kernel = get_kernel(hd, group, block_size, narrow, pipelined, n_split)
+    kernel[(tiles_x, nkv * n_split, num_seqs), narrow.threads, stream](
+        *args, q_min, small, out, part_o, part_ml
+    )
+    if n_split > 1:
+        merge = merge_kernel(hd, group, bq_narrow, narrow.bk, n_split)
+        merge[(tiles_x, nkv, num_seqs), threads(128), stream](
+            query_start_loc, seq_lens, q_min, small, part_o, part_ml, out
+        )
+
+
+def split_sizes(num_tokens: int, num_heads: int, head_dim: int, splits: int) -> tuple:
+    """Elements of the (o, (m, l)) scratch a split narrow launch over num_tokens rows needs."""
+    if splits == 1:
+        return 0, 0
+    return num_tokens * num_heads * splits * head_dim, num_tokens * num_heads * splits * 2

@@ -36,6 +36,9 @@ _DTYPES = {"f32": np.float32, "act": np.uint16, "int32": np.int32}
 # Room left beside the KV cache for what the executor allocates after it: step inputs, the
 # sampler's penalty scratch, split-KV partials, the cuBLAS workspace, CUDA's own needs.
 RESERVE_BYTES = 1 << 30
+# Steps of up to this many rows may split their short prompt chunks' keys (attention_prefill
+# SPLITS); the partials then take 512 x 32 heads x 4 splits x 66 floats = 17 MB at Llama-3.2-1B.
+PREFILL_SPLIT_MAX_TOKENS = 512
 
 
 class CudaBackend(ComposedOps):
@@ -55,6 +58,8 @@ class CudaBackend(ComposedOps):
         self._part_acc = cuda.device_array(1, np.float32)
         self._part_ml = cuda.device_array(1, np.float32)
         self._split_counters = cuda.to_device(np.zeros(1, np.int32))  # zero, and kept zero
+        self._prefill_o = cuda.device_array(1, np.float32)  # split prefill partials
+        self._prefill_ml = cuda.device_array(1, np.float32)
         self._sampler: DeviceSampler | None = None
 
     # --- memory -------------------------------------------------------------------------
@@ -121,6 +126,16 @@ class CudaBackend(ComposedOps):
         if self._split_counters.shape[0] < cnt:
             # Zeroed once: the decode kernel leaves every counter it uses at zero again.
             self._split_counters = cuda.to_device(np.zeros(cnt, np.int32))
+
+    def reserve_prefill_scratch(self, max_tokens: int, num_heads: int, head_dim: int) -> None:
+        """Allocate the split prefill partials for steps of up to max_tokens rows, now (at
+        most PREFILL_SPLIT_MAX_TOKENS: larger steps do not split; their grids are full)."""
+        rows = min(max_tokens, PREFILL_SPLIT_MAX_TOKENS)
+        o, ml = attention_prefill.split_sizes(rows, num_heads, head_dim, attention_prefill.SPLITS)
+        if self._prefill_o.shape[0] < o:
+            self._prefill_o = cuda.device_array(o, np.float32, stream=self.stream)
+        if self._prefill_ml.shape[0] < ml:
+            self._prefill_ml = cuda.device_array(ml, np.float32, stream=self.stream)
 
     def device_name(self) -> str:
         name = cuda.get_current_device().name
@@ -297,7 +312,7 @@ class CudaBackend(ComposedOps):
             attention_prefill.prefill_attention(
                 qkv, k_cache, v_cache, tables, stride, batch.query_start_loc, batch.seq_lens,
                 batch.num_seqs, batch.max_query_len, num_heads, scale, out, self.stream,
-                decode_rows=False,
+                decode_rows=False, part_o=self._prefill_o, part_ml=self._prefill_ml,
             )  # fmt: skip
         self.check("attention")
 

@@ -194,6 +194,7 @@ class CudaExecutor:
         backend.reserve_attention_scratch(
             max_seqs, model.num_heads, model.num_kv_heads, model.head_dim
         )
+        backend.reserve_prefill_scratch(max_tokens, model.num_heads, model.head_dim)
         # The simulator has no driver to capture with: eager there (padding still exercised).
         # Debug mode synchronises after every op, which a capture cannot contain: eager too.
         self.enforce_eager = (
