@@ -42,6 +42,7 @@ CASES = {
 }
 # narrow_tokens settings for the narrow-threshold sweep (0: only chunks of <= BQ rows go narrow)
 NARROW_TOKENS_SWEEP = (0, 32, 64, 128, 256)
+SPLITS_SWEEP = (1, 2, 4, 8)  # the narrow launch's split-KV (attention_prefill.SPLITS)
 NARROW_TOKENS_CASES = (
     "chat_turn48_ctx530_7dec", "chat_turn128_ctx600_7dec", "chunk512_ctx512",
     "mixed_4x256_ctx600_60dec_ctx800",
@@ -95,6 +96,10 @@ class Case:
             qkv, np.nan_to_num(k), np.nan_to_num(v), batch, NH, NKV, HD, SCALE, self.want
         )
         self.out = dev(np.full(self.want.shape, 0x7FC0, np.uint16))
+        # The split narrow launch's partials, as the cuda backend reserves them (up to 8 splits)
+        o_size, ml_size = attention_prefill.split_sizes(batch.num_tokens, NH, HD, max(SPLITS_SWEEP))
+        self.part_o = cuda.device_array(o_size, np.float32)
+        self.part_ml = cuda.device_array(ml_size, np.float32)
         self.args = (
             dev(qkv), dev(to_bf16_bits(k)), dev(to_bf16_bits(v)), dev(batch.block_tables.ravel()),
             dev(np.array([batch.block_tables.shape[1]], np.int32)), dev(batch.query_start_loc),
@@ -110,19 +115,20 @@ class Case:
             if self.decode_rows or q > 1
         ])  # fmt: skip
 
-    def run(self, tiles=None, narrow_tokens=None):
+    def run(self, tiles=None, narrow_tokens=None, splits=None):
         attention_prefill.prefill_attention(
             *self.args, self.n, self.max_q, NH, SCALE, self.out, stream, tiles=tiles,
-            decode_rows=self.decode_rows, narrow_tokens=narrow_tokens,
+            decode_rows=self.decode_rows, narrow_tokens=narrow_tokens, part_o=self.part_o,
+            part_ml=self.part_ml, splits=splits,
         )  # fmt: skip
 
-    def measure(self, tiles=None, narrow_tokens=None) -> dict:
+    def measure(self, tiles=None, narrow_tokens=None, splits=None) -> dict:
         self.out.copy_to_device(np.full(self.want.shape, 0x7FC0, np.uint16), stream=stream)
-        self.run(tiles, narrow_tokens)
+        self.run(tiles, narrow_tokens, splits)
         got = from_bf16_bits(self.out.copy_to_host(stream=stream))
         stream.synchronize()
         errors = relative_errors(got[self.checked], self.want[self.checked])
-        ms = gpu_ms(lambda: self.run(tiles, narrow_tokens))
+        ms = gpu_ms(lambda: self.run(tiles, narrow_tokens, splits))
         return {
             "ms": round(ms, 4),
             "tflop_s": round(self.flops / ms / 1e9, 2),
@@ -174,9 +180,19 @@ def narrow_sweep(cases: dict) -> dict:
     }
 
 
+def splits_sweep(cases: dict) -> dict:
+    """The narrow launch's split-KV on the chat cases (short chunks over a long history)."""
+    return {
+        f"{name} splits={n}": cases[name].measure(splits=n)
+        for name in cases
+        if name.startswith("chat_")
+        for n in SPLITS_SWEEP
+    }
+
+
 def table(results: Results) -> None:
     print(f"\n{'case':74s} {'ms':>9s} {'TFLOP/s':>8s} {'l2_rel':>9s}")
-    for section in ("cases", "narrow", "sweep"):
+    for section in ("cases", "splits", "narrow", "sweep"):
         for name, r in (results.data.get(section) or {}).items():
             if isinstance(r, dict) and "ms" in r:
                 print(f"{name:74s} {r['ms']:9.3f} {r['tflop_s']:8.2f} {r['l2_rel']:9.2e}")
@@ -189,6 +205,7 @@ if __name__ == "__main__":
     if built:
         results.data["build"] = {n: {"gflop": round(c.flops / 1e9, 3)} for n, c in built.items()}
         results.section("cases", run_cases, built)
+        results.section("splits", splits_sweep, built)
         results.section("narrow", narrow_sweep, built)
         if os.environ.get("BENCH_PREFILL_SWEEP", "1") != "0":  # 0: skip the tile sweep
             results.section("sweep", sweep, built)
