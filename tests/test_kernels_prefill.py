@@ -35,7 +35,7 @@ from gpu.kernels.bf16 import from_bf16_bits
 
 def _check(
     seq_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size, tiles=None, narrow=0,
-    pipeline=None, splits=1,
+    splits=1,
 ):  # fmt: skip
     """narrow: the narrow_tokens threshold; 0 (the narrow kernel's own BQ) keeps every longer
     chunk on the wide tiles, so both kernels run."""
@@ -49,7 +49,7 @@ def _check(
     )
     prefill_attention(
         *attention_device_args(case), len(seq_lens), max(query_lens), num_heads,
-        head_dim**-0.5, out, tiles=tiles, narrow_tokens=narrow, pipeline=pipeline,
+        head_dim**-0.5, out, tiles=tiles, narrow_tokens=narrow,
         part_o=part_o, part_ml=part_ml, splits=splits,
     )  # fmt: skip
     got = from_bf16_bits(synced(out))
@@ -85,13 +85,11 @@ def test_prefill_attention_narrow_threshold(narrow):
     _check([40, 45, 24, 12], [9, 19, 24, 1], 6, 2, 64, 16, narrow=narrow)
 
 
-@pytest.mark.parametrize("pipeline", [False, True])
-def test_prefill_attention_gather(pipeline):
-    """The K/V gather, both ways (the next tile's loads issued before or after this tile's
-    arithmetic), with KV tiles of 4 keys where a pass of the block covers 8 (head_dim 16: some
-    threads gather no row), chunks starting mid-block, several tiles past the diagonal."""
+def test_prefill_attention_gather():
+    """The K/V gather with KV tiles of 4 keys where a pass of the block covers 8 (head_dim 16:
+    some threads gather no row), chunks starting mid-block, several tiles past the diagonal."""
     wide, narrow = Tiles(16, 4, 2, 1), Tiles(8, 4, 1, 1)
-    _check([29, 13, 6], [11, 13, 2], 4, 2, 16, 8, tiles=(wide, narrow), pipeline=pipeline)
+    _check([29, 13, 6], [11, 13, 2], 4, 2, 16, 8, tiles=(wide, narrow))
 
 
 @pytest.mark.parametrize("splits", [2, 3])

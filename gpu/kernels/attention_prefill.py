@@ -74,8 +74,9 @@ spill, where per-word indexing took 168), clamps positions instead of branching,
 its loads at once, and reads the block table a tile ahead. launch_bounds holds BLOCKS_PER_SM =
 4 blocks of 128 threads on an SM. Measured on the H200 (tests/device/bench_prefill.py): the
 1,024 x 3,024 chunk 1.09 -> 0.86 ms (24.5 TFLOP/s), 2,048 x 2,048 1.05 -> 0.82, the 48-row turn
-0.108 -> 0.073 ms (0.049 narrow). PIPELINE (the next tile's loads issued before this tile's
-arithmetic, held in registers) measured slower: 0.93 ms for the 1,024 x 3,024 chunk; off.
+0.108 -> 0.073 ms (0.049 narrow). Pipelining the gather (the next tile's loads issued before
+this tile's arithmetic, held in registers) measured slower: 0.93 ms for the 1,024 x 3,024 chunk,
+0.110 for 512 x 512 (`bench_prefill_pipelined.json`); removed, in history at 9c4e706.
 
 Short chunks over long histories (fifth session): narrow tiles up to NARROW_TOKENS = 128 rows
 (the 48-row turn 0.073 -> 0.049 ms, the 128-row turn 0.079 -> 0.069), and split-KV in the
@@ -110,9 +111,6 @@ NEG_INF = float32(-math.inf)
 # narrow kernel's BQ do, whatever the setting); $TINYCHAT_PREFILL_NARROW_TOKENS overrides it.
 NARROW_TOKENS_ENV = "TINYCHAT_PREFILL_NARROW_TOKENS"
 NARROW_TOKENS = env_choice(NARROW_TOKENS_ENV, 128, range(0, 1 << 20))
-# 1: the next K/V tile loads into registers while this one is computed ($TINYCHAT_PREFILL_PIPELINE).
-PIPELINE_ENV = "TINYCHAT_PREFILL_PIPELINE"
-PIPELINE = bool(env_choice(PIPELINE_ENV, 0, (0, 1)))
 # launch_bounds: blocks an SM must fit, 4 = 128 registers a thread ($TINYCHAT_PREFILL_BLOCKS_PER_SM)
 BLOCKS_PER_SM = env_choice("TINYCHAT_PREFILL_BLOCKS_PER_SM", 4, range(1, 17))
 # The narrow launch covers cdiv(NARROW_TOKENS, BQ) query tiles of every sequence, most of them
@@ -280,7 +278,6 @@ def _build(
     block_size: int,
     tiles: Tiles,
     simulator: bool = SIMULATOR,
-    pipeline: bool = False,
     splits: int = 1,
 ):
     """The kernel specialised for one shape and tile configuration (all loop bounds constant).
@@ -408,21 +405,15 @@ def _build(
             for c in range(dpt):
                 o[i, c] = float32(0.0)
 
-        # Pipelined, the next tile's words load while this tile's scores are computed
-        # (registers: 4 per word of K and V in flight); otherwise right before they are stored.
         last = ke - 1
         tq = tid // hq
         wq = tid - tq * hq
         uw4 = uint64(wq) * u4
         lookup_blocks(block_tables, table, ks, last, bt, tq)
-        if pipeline:
-            load_words(k_words, v_words, kvh, ks, last, bt, kg, vg, tq, wq)
-            lookup_blocks(block_tables, table, ks + bk, last, bt, tq)
 
         for t0 in range(ks, ke, bk):
-            if not pipeline:
-                load_words(k_words, v_words, kvh, t0, last, bt, kg, vg, tq, wq)
-                lookup_blocks(block_tables, table, t0 + bk, last, bt, tq)
+            load_words(k_words, v_words, kvh, t0, last, bt, kg, vg, tq, wq)
+            lookup_blocks(block_tables, table, t0 + bk, last, bt, tq)
             # This tile's words into shared memory, as fp32 (bf16 u of word w is dimension
             # 4w + u).
             for g in range(per_thread):
@@ -431,9 +422,6 @@ def _build(
                     for u in range(4):
                         k_sh[uint64(t), uw4 + uint64(u)] = bf16_of_word(kg[g], u)
                         v_sh[uint64(t), uw4 + uint64(u)] = bf16_of_word(vg[g], u)
-            if pipeline and t0 + bk < ke:
-                load_words(k_words, v_words, kvh, t0 + bk, last, bt, kg, vg, tq, wq)
-                lookup_blocks(block_tables, table, t0 + 2 * bk, last, bt, tq)
             cuda.syncthreads()
 
             # S = Q K^T, a TM x TN register tile per thread, 4 dimensions per step.
@@ -523,9 +511,7 @@ def _build(
 
     # A name that says which specialisation a profiler is showing.
     kernel.__name__ = f"prefill_attention_hd{hd}_g{group}_r{rows}_k{bk}_t{tm}x{tn}"
-    kernel.__name__ += ("_pipelined" if pipeline else "") + (
-        f"_split{splits}" if splits > 1 else ""
-    )
+    kernel.__name__ += f"_split{splits}" if splits > 1 else ""
     if launch.SIMULATOR:  # (not `simulator`: the GPU's shapes are built there for tests)
         return cuda.jit(cache=True)(kernel)
     # The on-disk cache key ignores launch bounds: cache the default build only.
@@ -534,10 +520,8 @@ def _build(
 
 
 @cache
-def get_kernel(
-    head_dim: int, group: int, block_size: int, tiles: Tiles, pipeline: bool, splits: int = 1
-):
-    return _build(head_dim, group, block_size, tiles, pipeline=pipeline, splits=splits)
+def get_kernel(head_dim: int, group: int, block_size: int, tiles: Tiles, splits: int = 1):
+    return _build(head_dim, group, block_size, tiles, splits=splits)
 
 
 @cache
@@ -593,8 +577,6 @@ def merge_kernel(head_dim: int, group: int, bq: int, bk: int, splits: int):
 _LLAMA_WIDE, _LLAMA_NARROW = choose_tiles(64, 4, simulator=False)
 prefill_attention_kernel = _build(64, 4, 16, _LLAMA_WIDE, simulator=False)
 prefill_attention_narrow_kernel = _build(64, 4, 16, _LLAMA_NARROW, simulator=False)
-prefill_attention_pipelined_kernel = _build(64, 4, 16, _LLAMA_WIDE, False, pipeline=True)
-prefill_attention_narrow_pipelined_kernel = _build(64, 4, 16, _LLAMA_NARROW, False, True)
 prefill_attention_narrow_split_kernel = _build(64, 4, 16, _LLAMA_NARROW, False, splits=4)
 prefill_merge_kernel = merge_kernel(64, 4, _LLAMA_NARROW.query_tokens(4), _LLAMA_NARROW.bk, 4)
 prefill_attention_group3_kernel = _build(64, 3, 16, choose_tiles(64, 3, False)[0], False)
@@ -611,8 +593,6 @@ _MERGE_SIG = (
 SIGNATURES = {
     "prefill_attention_kernel": [_SIG],
     "prefill_attention_narrow_kernel": [_SIG],
-    "prefill_attention_pipelined_kernel": [_SIG],
-    "prefill_attention_narrow_pipelined_kernel": [_SIG],
     "prefill_attention_narrow_split_kernel": [_SIG],
     "prefill_merge_kernel": [_MERGE_SIG],
     "prefill_attention_group3_kernel": [_SIG],
@@ -638,7 +618,6 @@ def prefill_attention(
     tiles: tuple[Tiles, Tiles] | None = None,
     decode_rows: bool = True,
     narrow_tokens: int | None = None,
-    pipeline: bool | None = None,
     part_o=None,
     part_ml=None,
     splits: int | None = None,
@@ -648,8 +627,7 @@ def prefill_attention(
     tiles: (wide, narrow) configurations, choose_tiles' by default (tests and benchmarks pass
     others). decode_rows False: sequences with a single row this step are skipped (the cuda
     backend runs them through attention_decode's split-KV kernel). narrow_tokens: sequences
-    with at most this many rows take the narrow tiles (NARROW_TOKENS by default). pipeline:
-    the K/V gather of the next tile overlaps this one's arithmetic (PIPELINE by default).
+    with at most this many rows take the narrow tiles (NARROW_TOKENS by default).
 
     part_o / part_ml: float32 scratch of at least split_sizes(T, nh, hd, splits) elements: with
     them the narrow launch splits each query tile's keys `splits` ways (SPLITS by default) and a
@@ -666,7 +644,6 @@ def prefill_attention(
         qkv, k_cache.view(np.uint64), v_cache.view(np.uint64), block_tables, block_table_stride,
         query_start_loc, seq_lens, np.float32(scale),
     )  # fmt: skip
-    pipelined = PIPELINE if pipeline is None else pipeline
     if part_o is None or part_ml is None:  # (tests, benchmarks) no scratch: no split
         part_o = part_ml = cuda.device_array(1, np.float32, stream=stream)
     # Sequences with at most `small` rows go narrow.
@@ -677,7 +654,7 @@ def prefill_attention(
         small = bq_narrow
     small = max(small, bq_narrow)
     if max_query_len > small:
-        kernel = get_kernel(hd, group, block_size, wide, pipelined)
+        kernel = get_kernel(hd, group, block_size, wide)
         grid = (cdiv(max_query_len, wide.query_tokens(group)), nkv, num_seqs)
         kernel[grid, wide.threads, stream](*args, small + 1, max_query_len, out, part_o, part_ml)
     # Always, even for one sequence: max_query_len may be a bound (a graph bucket's token
@@ -688,7 +665,7 @@ def prefill_attention(
     if part_o.shape[0] < o_size or part_ml.shape[0] < ml_size:
         n_split = 1
     q_min = 1 if decode_rows else 2
-    kernel = get_kernel(hd, group, block_size, narrow, pipelined, n_split)
+    kernel = get_kernel(hd, group, block_size, narrow, n_split)
     kernel[(tiles_x, nkv * n_split, num_seqs), narrow.threads, stream](
         *args, q_min, small, out, part_o, part_ml
     )
