@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from gpu.backends.cuda.graphs import waits_for_predecessor
+
 MODULES = [
     "gpu.kernels.embedding",
     "gpu.kernels.rmsnorm",
@@ -45,10 +47,13 @@ SCRIPT = textwrap.dedent(
             for sig in signatures:
                 start = time.perf_counter()
                 ptx, _ = cuda.compile_ptx(getattr(module, kernel).py_func, sig, cc=(9, 0))
+                entry = ptx.split(".entry ", 1)[1].split("(", 1)[0].strip()
                 results[f"{name}.{kernel}"] = {
                     "seconds": round(time.perf_counter() - start, 2),
                     "sm_90": ".target sm_90" in ptx,
                     "lines": ptx.count("\\n"),
+                    "entry": entry,
+                    "waits": ptx.count("griddepcontrol.wait;"),
                 }
     print(json.dumps(results))
     """
@@ -74,3 +79,8 @@ def test_every_kernel_compiles_for_sm90():
     }
     assert set(results) == expected
     assert all(r["sm_90"] for r in results.values()), results
+    # Programmatic dependent launch (gpu/kernels/pdl.py): the graphs start a kernel early only
+    # if it is recognised as ours by name, and each of ours must wait for its predecessor.
+    for name, r in results.items():
+        assert waits_for_predecessor(r["entry"].encode()), (name, r["entry"])
+        assert r["waits"] >= 1, name

@@ -17,12 +17,14 @@ from numba import cuda, float32
 
 from gpu.kernels.bf16 import f32_to_bf16
 from gpu.kernels.launch import cdiv, threads
+from gpu.kernels.pdl import grid_dependency_sync
 
 SIGNATURES = {"silu_mul_kernel": ["void(float32[:, ::1], uint16[:, ::1])"]}
 
 
 @cuda.jit(cache=True)
 def silu_mul_kernel(gate_up, out):
+    grid_dependency_sync()
     inter = out.shape[1]
     n = out.shape[0] * inter
     for e in range(cuda.grid(1), n, cuda.gridsize(1)):

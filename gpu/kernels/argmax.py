@@ -36,6 +36,7 @@ from numba import cuda, float32, int32
 
 from gpu.kernels.block_reduce import better, block_argmax
 from gpu.kernels.launch import MAX_THREADS, cdiv, threads
+from gpu.kernels.pdl import grid_dependency_sync
 
 NEG_INF = float32(-math.inf)
 PER_THREAD = 4  # logits per thread in stage 1
@@ -60,6 +61,7 @@ def _chunks_kernel(per_thread: int):
     chunk_size = CHUNK_THREADS * per_thread
 
     def kernel(logits, scratch_val, scratch_idx):
+        grid_dependency_sync()
         vbuf = cuda.shared.array(SLOTS, float32)
         ibuf = cuda.shared.array(SLOTS, int32)
         row = cuda.blockIdx.x
@@ -94,6 +96,7 @@ argmax_chunks_kernel_wide = _chunks_kernel(WIDE_PER_THREAD)
 
 @cuda.jit(cache=True)
 def argmax_final_kernel(scratch_val, scratch_idx, num_chunks, out):
+    grid_dependency_sync()
     vbuf = cuda.shared.array(SLOTS, float32)
     ibuf = cuda.shared.array(SLOTS, int32)
     row = cuda.blockIdx.x

@@ -146,6 +146,7 @@ from numba import cuda, float32, int32, uint64
 from gpu.kernels import launch
 from gpu.kernels.bf16 import bf16_of_word, f32_to_bf16
 from gpu.kernels.launch import SIMULATOR, cdiv, env_choice, threads
+from gpu.kernels.pdl import grid_dependency_sync
 
 DIMS = 8  # head dimensions per lane: two 8-byte words of four bf16
 DEFAULT_UNROLL = 4  # tokens per token slot per tile
@@ -283,12 +284,22 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int):
             busy = (ctx + chunk - 1) // chunk
         if split >= busy:
             return  # an empty split: no more loads, no write, no counter
+        start = split * chunk
+        end = min(ctx, start + chunk)
+        # The physical block of each of this lane's tokens of the first tile. Token indices are
+        # clamped to the last one (its row is read again, its score masked), so the loads need
+        # no branch and are all issued back to back. Like seq_lens, the block table is a staged
+        # input no kernel writes, so it is read before the wait for the previous kernel (pdl.py)
+        last = end - 1
+        if ctx > 0:
+            for u in range(UNROLL):
+                t = min(start + u * slots + slot, last)
+                blk[u] = block_tables[table + t // block_size]
+        grid_dependency_sync()
         if ctx == 0:  # a padding row of a captured graph: zeros, nothing read
             for o in range(tid, out_dims, nthreads):
                 out[row, kvh * out_dims + o] = f32_to_bf16(float32(0.0))
             return
-        start = split * chunk
-        end = min(ctx, start + chunk)
 
         # Lane `lane` owns dimensions 4 * (lane + w * lanes) + i of every head (word w = 0, 1
         # of its token's row, bf16 i = 0..3 of the word): j = 4 * w + i below.
@@ -302,13 +313,6 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int):
             m[h] = NEG_INF
             den[h] = float32(0.0)
 
-        # The physical block of each of this lane's tokens of the first tile. Token indices are
-        # clamped to the last one (its row is read again, its score masked), so the loads need
-        # no branch and are all issued back to back.
-        last = end - 1
-        for u in range(UNROLL):
-            t = min(start + u * slots + slot, last)
-            blk[u] = block_tables[table + t // block_size]
         for t0 in range(start, end, tile):
             for u in range(UNROLL):  # UNROLL tokens x 2 words x (K, V), all in flight at once
                 off = min(t0 + u * slots + slot, last) % block_size

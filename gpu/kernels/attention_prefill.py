@@ -105,6 +105,7 @@ from numba import cuda, float32, int32, uint64
 from gpu.kernels import launch
 from gpu.kernels.bf16 import bf16_of_word, f32_to_bf16
 from gpu.kernels.launch import SIMULATOR, cdiv, device_function, env_choice, threads
+from gpu.kernels.pdl import grid_dependency_sync
 
 NEG_INF = float32(-math.inf)
 # Sequences with at most this many query rows in a step take the narrow tiles (at least the
@@ -387,6 +388,9 @@ def _build(
             if split >= busy:
                 return  # an empty split: no loads, no write
 
+        # Everything above read only the step's staged inputs; q and the KV cache come from the
+        # kernels before this one (pdl.py).
+        grid_dependency_sync()
         # Q tile, scaled: row r is query token j0 + r // group, head kvh * group + r % group.
         for e in range(tid, rows * hd, nthreads):
             r = e // hd
@@ -534,6 +538,7 @@ def merge_kernel(head_dim: int, group: int, bq: int, bk: int, splits: int):
     nthreads = threads(128)
 
     def kernel(query_start_loc, seq_lens, q_min, q_max, part_o, part_ml, out):
+        grid_dependency_sync()
         kvh = cuda.blockIdx.y
         b = cuda.blockIdx.z
         q_start = query_start_loc[b]

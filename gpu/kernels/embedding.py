@@ -28,6 +28,7 @@ from numba import cuda
 
 from gpu.kernels.bf16 import bf16_to_f32
 from gpu.kernels.launch import threads
+from gpu.kernels.pdl import grid_dependency_sync
 
 SIGNATURES = {
     "embedding_kernel": [
@@ -42,6 +43,7 @@ SIGNATURES = {
 
 @cuda.jit(cache=True)
 def embedding_kernel(input_ids, prev_rows, sampled_prev, table, out):
+    grid_dependency_sync()
     t = cuda.blockIdx.x
     token = input_ids[t]
     if t < prev_rows.shape[0]:
@@ -54,6 +56,7 @@ def embedding_kernel(input_ids, prev_rows, sampled_prev, table, out):
 
 @cuda.jit(cache=True)
 def gather_rows_kernel(x, indices, out):
+    grid_dependency_sync()
     r = cuda.blockIdx.x
     src = indices[r]
     for i in range(cuda.threadIdx.x, out.shape[1], cuda.blockDim.x):

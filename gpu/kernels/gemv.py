@@ -65,6 +65,7 @@ from numba import cuda, float32, uint64
 
 from gpu.kernels.bf16 import bf16_of_word, bf16_to_f32, f32_to_bf16
 from gpu.kernels.launch import SIMULATOR, cdiv, device_function, threads
+from gpu.kernels.pdl import grid_dependency_sync
 
 MAX_TOKENS = 8  # the largest step the kernel is built for
 # The largest step the backend sends here. Measured on the H200 (tests/device/bench_gemv.py):
@@ -218,6 +219,9 @@ def gemv_kernel(
             for j in range(wpt):
                 c = min(tid + j * nthreads, k_words - 1)
                 wv[r * wpt + j] = w64[n, c]
+        # Only the weights are read before the previous kernel has finished (pdl.py): in a
+        # graph with programmatic edges they stream while it drains.
+        grid_dependency_sync()
 
         # The epilogue's own loads, issued now so that they too arrive while the weights
         # stream: the residual this thread adds to, or its rotation and KV slot.

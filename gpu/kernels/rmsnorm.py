@@ -45,6 +45,7 @@ from numba import cuda, float32
 from gpu.kernels.bf16 import f32_to_bf16
 from gpu.kernels.block_reduce import block_sum
 from gpu.kernels.launch import MAX_THREADS, cdiv, threads
+from gpu.kernels.pdl import grid_dependency_sync
 
 ELEMENTS_PER_THREAD = 8  # the target of row_threads
 ROW_IN_REGISTERS_MAX = 16 * MAX_THREADS  # longer rows take the general (strided) kernel
@@ -69,6 +70,7 @@ def row_kernel(hidden: int):
     exact = per * nthreads == hidden  # no thread has slots past the row: no guards
 
     def rmsnorm_row(x, weight, eps, out):
+        grid_dependency_sync()
         buf = cuda.shared.array(nthreads, float32)
         xs = cuda.local.array(per, float32)
         ws = cuda.local.array(per, float32)
@@ -95,6 +97,7 @@ def row_kernel(hidden: int):
 @cuda.jit(cache=True)
 def rmsnorm_kernel(x, weight, eps, out):
     """The general kernel: any row length, the row read twice."""
+    grid_dependency_sync()
     buf = cuda.shared.array(MAX_THREADS, float32)
     row = cuda.blockIdx.x
     hidden = x.shape[1]

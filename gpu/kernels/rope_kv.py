@@ -40,6 +40,7 @@ from numba import cuda
 
 from gpu.kernels.bf16 import f32_to_bf16
 from gpu.kernels.launch import cdiv, threads
+from gpu.kernels.pdl import grid_dependency_sync
 
 BLOCK_THREADS = 128  # per block on the GPU (32 in the simulator): 128 // (hd/2) heads, at least 1
 
@@ -53,6 +54,7 @@ SIGNATURES = {
 
 @cuda.jit(cache=True)
 def rope_kv_kernel(qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, nh, nkv, hd):
+    grid_dependency_sync()
     t = cuda.blockIdx.x
     j = cuda.threadIdx.x  # blockDim.x == hd // 2
     head = cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y

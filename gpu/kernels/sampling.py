@@ -46,6 +46,7 @@ from numba import cuda, float32, float64, int32, uint64
 from gpu.kernels.bf16 import f32_bits, key_to_f32, ordered_key
 from gpu.kernels.block_reduce import block_argmax, block_sum
 from gpu.kernels.launch import MAX_THREADS, SIMULATOR, device_function, threads
+from gpu.kernels.pdl import grid_dependency_sync
 from gpu.sampling.rng import MIX1, MIX2, SEED_MUL, STEP_MUL, TOKEN_MUL
 
 NEG_INF = float32(-math.inf)
@@ -106,6 +107,7 @@ def kept(x, min_bound, kth):
 @cuda.jit(cache=True)
 def penalty_counts_kernel(history, iparams, counts):
     """counts[row, tok] += 1 per output occurrence; |= PROMPT_BIT for prompt tokens."""
+    grid_dependency_sync()
     row = cuda.blockIdx.x
     vocab = counts.shape[1]
     start = iparams[I_HISTORY, row]
@@ -122,6 +124,7 @@ def penalty_counts_kernel(history, iparams, counts):
 
 @cuda.jit(cache=True)
 def sample_kernel(logits, fparams, iparams, uparams, banned, counts, out):
+    grid_dependency_sync()
     fbuf = cuda.shared.array(MAX_THREADS, float32)
     ibuf = cuda.shared.array(MAX_THREADS, int32)
     dbuf = cuda.shared.array(MAX_THREADS, float64)

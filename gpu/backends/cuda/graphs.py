@@ -15,6 +15,15 @@ steps are keyed by their batch size; prefill and mixed steps by (tokens, sequenc
 rounded up to a bucket: their attention reads every length from device memory too, and the
 launch's query-length bound is the token bucket, whose surplus query tiles exit at once.
 
+Programmatic dependent launch (gpu/kernels/pdl.py). Stream capture records a chain of plain
+edges: each kernel starts only once the one before has completed. After capture, every edge from
+a kernel into one of gpu/kernels' kernels (all of which wait for their predecessor with
+griddepcontrol.wait before touching its output) becomes a programmatic edge, so that kernel's
+blocks are launched as soon as every block of its predecessor has started ($TINYCHAT_PDL = 2,
+the default: port LAUNCH_ORDER) or has exited (1: port PROGRAMMATIC, with no early trigger in
+the kernels); 0 keeps the captured edges. Edges into cuBLAS's kernels, which do not wait, and
+into memory copies stay as captured.
+
 The driver calls go through cuda.bindings on the stream handle Numba owns.
 """
 
@@ -24,6 +33,13 @@ from collections.abc import Callable
 
 from cuda.bindings import driver as drv
 
+from gpu.kernels.launch import env_choice
+
+PDL_ENV = "TINYCHAT_PDL"
+PDL = env_choice(PDL_ENV, 2, (0, 1, 2))  # read once, at import
+# Numba mangles a kernel's qualified name: gpu.kernels.<module>.<function> begins like this.
+OUR_KERNEL_PREFIX = b"_ZN3gpu7kernels"
+
 
 def _check(result) -> tuple:
     """cuda.bindings returns (CUresult, *values): raise on an error, return the values."""
@@ -32,6 +48,75 @@ def _check(result) -> tuple:
         _, name = drv.cuGetErrorName(err)
         raise RuntimeError(f"CUDA graph call failed: {name.decode() if name else err}")
     return tuple(values)
+
+
+def waits_for_predecessor(kernel_name: bytes) -> bool:
+    """Whether a kernel of this name is one of gpu/kernels' (they all call
+    grid_dependency_sync before reading what an earlier kernel wrote)."""
+    return kernel_name.startswith(OUR_KERNEL_PREFIX)
+
+
+def _kernel_name(node) -> bytes | None:
+    """The function name of a kernel node (None for any other node)."""
+    (kind,) = _check(drv.cuGraphNodeGetType(node))
+    if kind != drv.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL:
+        return None
+    (params,) = _check(drv.cuGraphKernelNodeGetParams(node))
+    err, name = drv.cuFuncGetName(params.func)
+    if err != drv.CUresult.CUDA_SUCCESS and getattr(params, "kern", None) is not None:
+        err, name = drv.cuKernelGetName(params.kern)
+    return name if err == drv.CUresult.CUDA_SUCCESS and name else b""
+
+
+def _edges(graph) -> tuple[list, list, list]:
+    """(from, to, edge data) of every edge of the graph."""
+    get = getattr(drv, "cuGraphGetEdges_v2", drv.cuGraphGetEdges)  # cuda-bindings 12 or 13
+    *_, count = _check(get(graph, 0))
+    if count == 0:
+        return [], [], []
+    src, dst, data, _ = _check(get(graph, count))
+    return list(src), list(dst), list(data)
+
+
+def programmatic_edges(graph, port: int = PDL) -> int:
+    """Turn the graph's edges from a kernel into one of our kernels into programmatic edges
+    (port 2: LAUNCH_ORDER, 1: PROGRAMMATIC); return how many. 0 changes nothing."""
+    if port == 0:
+        return 0
+    src, dst, data = _edges(graph)
+    names: dict[int, bytes | None] = {}
+
+    def name(node) -> bytes | None:
+        key = int(node)
+        if key not in names:
+            names[key] = _kernel_name(node)
+        return names[key]
+
+    picked = [
+        i
+        for i in range(len(src))
+        if data[i].type == drv.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_DEFAULT
+        and name(src[i]) is not None
+        and waits_for_predecessor(name(dst[i]) or b"")
+    ]
+    if not picked:
+        return 0
+    froms, tos = [src[i] for i in picked], [dst[i] for i in picked]
+    remove = getattr(drv, "cuGraphRemoveDependencies_v2", drv.cuGraphRemoveDependencies)
+    _check(remove(graph, froms, tos, [data[i] for i in picked], len(picked)))
+    new = []
+    for _ in picked:
+        edge = drv.CUgraphEdgeData()
+        edge.type = drv.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC
+        edge.from_port = (
+            drv.CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER
+            if port == 2
+            else drv.CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC
+        )
+        new.append(edge)
+    add = getattr(drv, "cuGraphAddDependencies_v2", drv.cuGraphAddDependencies)
+    _check(add(graph, froms, tos, new, len(picked)))
+    return len(picked)
 
 
 def capture_buckets(max_num_seqs: int) -> list[int]:
@@ -72,6 +157,7 @@ class CudaGraph:
         finally:
             (graph,) = _check(drv.cuStreamEndCapture(self.stream))
         self.graph = graph
+        self.programmatic_edges = programmatic_edges(graph)
         (self.exec,) = _check(drv.cuGraphInstantiate(graph, 0))
 
     def replay(self) -> None:
