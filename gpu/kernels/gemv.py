@@ -158,6 +158,7 @@ def gemv_kernel(
     nwarps = max(1, nthreads // 32)
     red_shape = (nthreads, nacc) if SIMULATOR else (nwarps, nacc)
     xf_len = max_tokens * 4 * wpt if norm else 1
+    nw_len = 4 * wpt if norm else 1
     nwv, nwf = rows * wpt, rows * 4  # local array sizes must be compile-time constants
     exact = k_words % nthreads == 0  # every thread owns wpt words: no guard needed
 
@@ -198,6 +199,7 @@ def gemv_kernel(
         wv = cuda.local.array(nwv, uint64)
         wf = cuda.local.array(nwf, float32)
         xf = cuda.local.array(xf_len, float32)
+        nw = cuda.local.array(nw_len, float32)
         xs = cuda.local.array(4, float32)
         acc = cuda.local.array(nacc, float32)
         tid = cuda.threadIdx.x
@@ -219,6 +221,11 @@ def gemv_kernel(
             for j in range(wpt):
                 c = min(tid + j * nthreads, k_words - 1)
                 wv[r * wpt + j] = w64[n, c]
+        if norm:  # the norm's weights too: else a dependent round trip after its reduction
+            for j in range(wpt):
+                c = min(tid + j * nthreads, k_words - 1)
+                for i in range(4):
+                    nw[j * 4 + i] = norm_w[4 * c + i]
         # Only the weights are read before the previous kernel has finished (pdl.py): in a
         # graph with programmatic edges they stream while it drains.
         grid_dependency_sync()
@@ -258,10 +265,9 @@ def gemv_kernel(
             for t in range(max_tokens):
                 denom = math.sqrt(float32(acc[t] / float32(hidden)) + float32(eps))
                 for j in range(wpt):
-                    c = min(tid + j * nthreads, k_words - 1)
                     for i in range(4):
                         e = (t * wpt + j) * 4 + i
-                        xf[e] = bf16_to_f32(f32_to_bf16(xf[e] / denom * norm_w[4 * c + i]))
+                        xf[e] = bf16_to_f32(f32_to_bf16(xf[e] / denom * nw[j * 4 + i]))
 
         for a in range(nacc):
             acc[a] = float32(0.0)
