@@ -11,7 +11,13 @@ from engine_helpers import random_prompts, tiny_config
 
 from gpu import LLM, EngineConfig, SamplingParams
 from gpu.backends import cuda_available
-from gpu.backends.cuda.graphs import PDL, bucket_for, capture_buckets, token_buckets
+from gpu.backends.cuda.graphs import (
+    PDL,
+    bucket_for,
+    capture_buckets,
+    pays_to_overlap,
+    token_buckets,
+)
 from gpu.loader import build_engine
 from gpu.model_weights import random_hf_tensors
 
@@ -58,8 +64,9 @@ def test_graph_replay_gives_the_eager_tokens(batch):
     graphs = graphed_engine.runner.executor.graphs
     kinds = {key[0] for key in graphs}
     assert kinds == {"decode", "mixed"}  # prefill and decode steps really were replayed
-    # ... with programmatic edges between the kernels (gpu/kernels/pdl.py), unless turned off.
-    assert all((g.programmatic_edges > 0) == (PDL != 0) for g in graphs.values())
+    # ... with programmatic edges between the kernels (gpu/kernels/pdl.py) where they pay.
+    assert all((g.programmatic_edges > 0) == pays_to_overlap(k[1]) for k, g in graphs.items())
+    assert pays_to_overlap(1) == (PDL != 0)
     sampled = SamplingParams(temperature=0.8, top_p=0.9, seed=7, max_tokens=12)
     a = LLM(engine=_engine(True)).generate(prompts, sampled)
     b = LLM(engine=_engine(False)).generate(prompts, sampled)

@@ -32,7 +32,13 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
-from gpu.backends.cuda.graphs import CudaGraph, bucket_for, capture_buckets, token_buckets
+from gpu.backends.cuda.graphs import (
+    CudaGraph,
+    bucket_for,
+    capture_buckets,
+    pays_to_overlap,
+    token_buckets,
+)
 from gpu.backends.cuda.sampler import DeviceResult, DeviceSampler, sampler_fields
 from gpu.backends.cuda.staging import Staging
 from gpu.forward_batch import ForwardBatch
@@ -317,7 +323,9 @@ class CudaExecutor:
         step()  # eager (also the warm-up before a capture)
         if not self.enforce_eager:
             t0 = time.perf_counter()
-            self.graphs[key] = CudaGraph(self.backend.stream, step)
+            # key[1]: the step's tokens (a decode bucket, or a mixed step's token bucket)
+            overlap = pays_to_overlap(key[1])
+            self.graphs[key] = CudaGraph(self.backend.stream, step, programmatic=overlap)
             self.capture_time_s += time.perf_counter() - t0
 
     def _step_fn(self, key: tuple):

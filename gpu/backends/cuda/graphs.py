@@ -24,6 +24,15 @@ the default: port LAUNCH_ORDER) or has exited (1: port PROGRAMMATIC, with no ear
 the kernels); 0 keeps the captured edges. Edges into cuBLAS's kernels, which do not wait, and
 into memory copies stay as captured.
 
+Only graphs of steps of at most PDL_MAX_TOKENS tokens ($TINYCHAT_PDL_MAX_TOKENS, default 1)
+get them. Measured on the H200 (tests/device/trace_step.py and `tinychat bench`, sixth
+session): a batch-1 step, ~85 latency-bound kernels, went from 997 to 933 us of GPU span
+(Llama-3.2-1B; 968 -> 1,022 tok/s) and from 740 to 632 us for SmolLM2-135M (1,286 -> 1,405
+tok/s); at batch 8 and 256, where cuBLAS's products fill the GPU and our kernels' early blocks
+only wait beside them, the step was 3-5% slower (batch 8: 6,658 -> 6,447 tok/s, a traced
+span of 1,180 -> 1,217 us; batch 256: 100,715 -> 95,970 tok/s), and batch 64 moved within
+noise (+2%).
+
 The driver calls go through cuda.bindings on the stream handle Numba owns.
 """
 
@@ -37,6 +46,7 @@ from gpu.kernels.launch import env_choice
 
 PDL_ENV = "TINYCHAT_PDL"
 PDL = env_choice(PDL_ENV, 2, (0, 1, 2))  # read once, at import
+PDL_MAX_TOKENS = env_choice("TINYCHAT_PDL_MAX_TOKENS", 1, range(1 << 20))
 # Numba mangles a kernel's qualified name: gpu.kernels.<module>.<function> begins like this.
 OUR_KERNEL_PREFIX = b"_ZN3gpu7kernels"
 
@@ -48,6 +58,11 @@ def _check(result) -> tuple:
         _, name = drv.cuGetErrorName(err)
         raise RuntimeError(f"CUDA graph call failed: {name.decode() if name else err}")
     return tuple(values)
+
+
+def pays_to_overlap(num_tokens: int) -> bool:
+    """Whether a step of num_tokens tokens gets programmatic edges (PDL and PDL_MAX_TOKENS)."""
+    return PDL != 0 and num_tokens <= PDL_MAX_TOKENS
 
 
 def waits_for_predecessor(kernel_name: bytes) -> bool:
@@ -146,9 +161,10 @@ def bucket_for(batch_size: int, buckets: list[int]) -> int | None:
 
 
 class CudaGraph:
-    """One recorded step: `CudaGraph(stream, fn)` captures fn's launches; `replay()` runs them."""
+    """One recorded step: `CudaGraph(stream, fn)` captures fn's launches; `replay()` runs them.
+    programmatic: whether to make the kernel edges programmatic (PDL, above)."""
 
-    def __init__(self, stream, record: Callable[[], None]) -> None:
+    def __init__(self, stream, record: Callable[[], None], programmatic: bool = True) -> None:
         self.stream = drv.CUstream(int(stream.handle))
         mode = drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
         _check(drv.cuStreamBeginCapture(self.stream, mode))
@@ -157,7 +173,7 @@ class CudaGraph:
         finally:
             (graph,) = _check(drv.cuStreamEndCapture(self.stream))
         self.graph = graph
-        self.programmatic_edges = programmatic_edges(graph)
+        self.programmatic_edges = programmatic_edges(graph) if programmatic else 0
         (self.exec,) = _check(drv.cuGraphInstantiate(graph, 0))
 
     def replay(self) -> None:
