@@ -17,6 +17,8 @@ gpu/sampling/numpy_sampler.py for the sampler).
     sampling.py          greedy / temperature / top-k / top-p / min-p / penalties / bans
     argmax.py            the all-greedy fast path: two-stage argmax over vocabulary chunks
     launch.py            the simulator switch and block sizes
+    pdl.py               griddepcontrol.wait: every kernel waits for its predecessor there, so
+                         a graph may launch it early (programmatic dependent launch)
 
 The matrix products of decode steps (at most gemv.MAX_TOKENS tokens) go through gemv.py; those
 of larger steps (prefill, big decode batches) are not here: they go through cuBLAS
@@ -24,5 +26,5 @@ of larger steps (prefill, big decode batches) are not here: they go through cuBL
 
 Kernels compile on first use (once per process per argument types) and are cached on disk
 (`cache=True`). Numba keys that cache on the kernel's own file only: after editing a helper
-they import (bf16.py, block_reduce.py), clear the __pycache__ of gpu/kernels/.
+they import (bf16.py, block_reduce.py, pdl.py), clear the __pycache__ of gpu/kernels/.
 """

@@ -48,7 +48,9 @@ The design, from the top:
   fence, counter and re-read. Measured on the H200 (cold KV, `bench_kernels.py`, fifth
   session), 1 -> 2 -> 4 tiles: batch 1 context 128 15.3 -> 11.3 -> 10.9 us, context 1,024 21.5
   -> 19.8 -> 22.2, context 4,096 31.8 -> 31.5 -> 27.6, batch 8 context 1,024 26.2 -> 26.1 ->
-  27.6; batches 64 and 256 (one split) unchanged.
+  27.6; batches 64 and 256 (one split) unchanged. With programmatic launch (pdl.py, sixth
+  session) 1 tile was still slower end to end: `tinychat bench latency` at batch 1, 975
+  against 1,034 tok/s (Llama-3.2-1B), 1,326 against 1,447 (SmolLM2-135M).
 * The merge, in the same kernel ("last block done", the CUDA threadFenceReduction sample).
   With busy == 1 (one split, a context of at most one chunk, or a padding row) the block
   normalises and writes bf16 itself. Otherwise each busy split writes its unnormalised
@@ -65,6 +67,10 @@ The design, from the top:
   to the caller, like part_acc / part_ml: CudaBackend owns all three. This saves the second
   launch (about 1.3 us of graph replay and a dependent kernel boundary) and the reduce's 8
   blocks re-reading partials behind a full grid drain.
+
+Programmatic dependent launch (pdl.py): seq_lens, query_start_loc and the first tile's block
+table entries are staged inputs that no kernel writes, so a block reads them, and an empty split
+exits, before grid_dependency_sync; q and the KV cache (written by the kernel before) after it.
 
 All shapes come from device buffers (query_start_loc, seq_lens, the block table and its row
 stride in a one-element device array): no host value of the step is baked into the launch but

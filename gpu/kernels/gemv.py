@@ -29,9 +29,14 @@ Shape of the work:
   timing. The first T x rows threads apply the epilogue.
 * RMSNorm prologue: the block reads the T residual rows (8 KB a row for a 2048-wide model, from
   L2), reduces the sum of squares per token, and rounds x / rms * weight to bf16 in registers:
-  the same values the separate rmsnorm kernel writes for cuBLAS. Its weight loads are issued
-  before the reduction, so they overlap it. Recomputing the norm in each block costs L2 reads;
-  it saves a launch and a dependent kernel per use, which is what a decode step is made of.
+  the same values the separate rmsnorm kernel writes for cuBLAS. Its weight loads (and the
+  norm's weights) are issued before the reduction, so they overlap it. Recomputing the norm in
+  each block costs L2 reads; it saves a launch and a dependent kernel per use, which is what a
+  decode step is made of.
+* Programmatic dependent launch (pdl.py): the weight loads come before grid_dependency_sync,
+  everything that reads the previous kernel's output after it. In a batch-1 graph, whose edges
+  are programmatic, the next product's weights are thus on their way while the kernel before
+  it drains (sixth session: 968 -> 1,033 tok/s at batch 1, with the norm weights' preload).
 * The epilogue's loads go out with the weights' (the residual an "add" adds to; the position's
   cos / sin and the KV slot of "rope"): at the end a block then only computes and stores,
   instead of waiting one more round trip (or two: position, then its cos) after its sums.
@@ -330,6 +335,9 @@ def plan(n_rows: int, k_words: int, max_tokens: int, norm: bool, epilogue: str):
     rows, gate_up 22.9 against 28.4), 4 rows otherwise (o_proj 7.4, down 13.3; 8 rows was
     slower), 16 rows for the LM head's 128k rows (123.7 us, 4.25 TB/s, against 174 at 4).
     A short row (SmolLM2's 576) would leave half of 256 threads idle: 128 then.
+    Re-measured with programmatic launch (sixth session, `tinychat bench latency`, Llama-3.2-1B
+    / SmolLM2-135M tok/s at batch 1): default 1,034 / 1,447; TINYCHAT_GEMV_ROWS=4 888 / 1,332;
+    TINYCHAT_GEMV_THREADS=512 910 / 1,450; 128 993 / 1,451. The defaults stay.
     """
     nthreads = threads(NTHREADS if k_words >= NTHREADS else NTHREADS // 2)
     if ROWS:
