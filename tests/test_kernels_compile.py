@@ -84,3 +84,35 @@ def test_every_kernel_compiles_for_sm90():
     for name, r in results.items():
         assert waits_for_predecessor(r["entry"].encode()), (name, r["entry"])
         assert r["waits"] >= 1, name
+
+
+PRE_HOPPER = textwrap.dedent(
+    """
+    import types
+    import numba.cuda.dispatcher as dispatcher
+    from numba import cuda
+
+    dispatcher.get_current_device = lambda: types.SimpleNamespace(compute_capability=(8, 0))
+    from gpu.kernels import gemv
+
+    name = "gemv_qkv_llama32"
+    ptx, _ = cuda.compile_ptx(
+        getattr(gemv, name).py_func, gemv.SIGNATURES[name][0], cc=(8, 0)
+    )
+    print(".target sm_80" in ptx, "griddepcontrol" in ptx)
+    """
+)
+
+
+def test_pre_hopper_builds_leave_out_the_wait():
+    """griddepcontrol exists from sm_90 on: an A100 (sm_80) build must not contain it (pdl.py
+    guards it with __nvvm_reflect("__CUDA_ARCH"))."""
+    pytest.importorskip("numba.cuda")
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [sys.executable, "-c", PRE_HOPPER], cwd=root, env=env, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.split()[-2:] == ["True", "False"]

@@ -22,9 +22,11 @@ the instruction returns at once: the kernels are correct under either launch. Th
 made by gpu/backends/cuda/graphs.py after capture, only into kernels of this package (whose
 names it recognises), so a cuBLAS kernel, which does not wait, is never started early.
 
-The instruction is PTX inline assembly (sm_90+), emitted through a Numba intrinsic; its
-`memory` clobber keeps the compiler from moving loads or stores across it. In the CUDA simulator
-(blocks run one after another) it is a no-op.
+The instruction is PTX inline assembly, emitted through a Numba intrinsic; its `memory` clobber
+keeps the compiler from moving loads or stores across it. It exists from sm_90 (Hopper) on, so
+the intrinsic guards it with NVVM's `__nvvm_reflect("__CUDA_ARCH")`, which libNVVM folds to the
+target's architecture: a build for an older GPU drops the instruction (and graphs.py makes no
+programmatic edge there). In the CUDA simulator (blocks run one after another) it is a no-op.
 """
 
 from __future__ import annotations
@@ -42,11 +44,33 @@ else:
     from numba import types
     from numba.cuda.extending import intrinsic
 
+    MIN_ARCH = 900  # griddepcontrol: sm_90 and later
+
+    def _cuda_arch(builder) -> ir.Value:
+        """__nvvm_reflect("__CUDA_ARCH"): the target's architecture x 10, a constant to libNVVM."""
+        module = builder.module
+        i8p = ir.IntType(8).as_pointer()
+        reflect = module.globals.get("__nvvm_reflect")
+        if reflect is None:
+            reflect = ir.Function(module, ir.FunctionType(ir.IntType(32), [i8p]), "__nvvm_reflect")
+        text = bytearray(b"__CUDA_ARCH\0")
+        kind = ir.ArrayType(ir.IntType(8), len(text))
+        name = module.get_unique_name("cuda_arch_name")
+        string = ir.GlobalVariable(module, kind, name)
+        string.initializer = ir.Constant(kind, text)
+        string.global_constant = True
+        string.linkage = "internal"
+        return builder.call(reflect, [builder.bitcast(string, i8p)])
+
     @intrinsic
     def _griddepcontrol_wait(typingctx):
         def codegen(context, builder, signature, args):
-            fnty = ir.FunctionType(ir.VoidType(), [])
-            builder.asm(fnty, "griddepcontrol.wait;", "~{memory}", [], side_effect=True)
+            hopper = builder.icmp_signed(
+                ">=", _cuda_arch(builder), ir.Constant(ir.IntType(32), MIN_ARCH)
+            )
+            with builder.if_then(hopper):
+                fnty = ir.FunctionType(ir.VoidType(), [])
+                builder.asm(fnty, "griddepcontrol.wait;", "~{memory}", [], side_effect=True)
             return context.get_dummy_value()
 
         return types.void(), codegen

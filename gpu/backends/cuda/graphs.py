@@ -38,6 +38,7 @@ The driver calls go through cuda.bindings on the stream handle Numba owns.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from cuda.bindings import driver as drv
@@ -63,6 +64,17 @@ def _check(result) -> tuple:
 def pays_to_overlap(num_tokens: int) -> bool:
     """Whether a step of num_tokens tokens gets programmatic edges (PDL and PDL_MAX_TOKENS)."""
     return PDL != 0 and num_tokens <= PDL_MAX_TOKENS
+
+
+@functools.cache
+def device_supports_pdl() -> bool:
+    """Programmatic edges need a Hopper or newer GPU (the kernels' wait is compiled in only for
+    sm_90+, pdl.py) and a CUDA 12.3+ driver (edge data in graphs)."""
+    (version,) = _check(drv.cuDriverGetVersion())
+    (device,) = _check(drv.cuCtxGetDevice())
+    major_attr = drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+    (major,) = _check(drv.cuDeviceGetAttribute(major_attr, device))
+    return version >= 12030 and major >= 9
 
 
 def waits_for_predecessor(kernel_name: bytes) -> bool:
@@ -96,7 +108,7 @@ def _edges(graph) -> tuple[list, list, list]:
 def programmatic_edges(graph, port: int = PDL) -> int:
     """Turn the graph's edges from a kernel into one of our kernels into programmatic edges
     (port 2: LAUNCH_ORDER, 1: PROGRAMMATIC); return how many. 0 changes nothing."""
-    if port == 0:
+    if port == 0 or not device_supports_pdl():
         return 0
     src, dst, data = _edges(graph)
     names: dict[int, bytes | None] = {}
@@ -130,7 +142,11 @@ def programmatic_edges(graph, port: int = PDL) -> int:
         )
         new.append(edge)
     add = getattr(drv, "cuGraphAddDependencies_v2", drv.cuGraphAddDependencies)
-    _check(add(graph, froms, tos, new, len(picked)))
+    try:
+        _check(add(graph, froms, tos, new, len(picked)))
+    except RuntimeError:  # refused: put the captured edges back, the graph stays correct
+        _check(add(graph, froms, tos, [data[i] for i in picked], len(picked)))
+        return 0
     return len(picked)
 
 
