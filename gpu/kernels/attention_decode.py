@@ -91,7 +91,8 @@ there), so the counting runs, but the memory ordering is only exercised on a GPU
 
 Registers. launch_bounds asks ptxas to fit BLOCKS_PER_SM blocks of 128 threads on an SM, i.e.
 at most 65536 / (128 * BLOCKS_PER_SM) registers a thread: 128 at the default 4, where ptxas
-reports a 40-byte spill. BLOCKS_PER_SM is read once, at import, from the environment variable
+reported a 40-byte spill until the index arithmetic below went unsigned (127, no spill).
+BLOCKS_PER_SM is read once, at import, from the environment variable
 TINYCHAT_DECODE_BLOCKS_PER_SM (default 4; 3 allows 168 registers, 2 allows 255), to try the
 trade of fewer resident blocks for no spill on the bandwidth-bound cases (batch 64 / 256);
 TINYCHAT_DECODE_UNROLL (default 4) the other way round: 2 tokens a slot halves the loads and
@@ -121,6 +122,17 @@ blocks and the reduce kernel dominated. With the merge fused and the empty split
 once (third session): 9.65 us at context 32, 15.4 at 128, 21.7 at 1,024 — no faster, one
 launch fewer. Batch 1 is a chain of dependent round trips (seq_lens, the block table, K / V,
 the partials' fence and counter, the merge's reads), ~10 us whatever the context.
+
+Instructions, not bytes (sixth session). nvdisasm of the sm_90 build counted 1,249
+instructions per tile in a thread's main loop, of which only 256 are the FFMAs of the scores and
+P @ V: about 600 were integer work, because Numba indexes arrays with signed int64 (Python's
+negative-index wrap, floor division and modulo, 64-bit products by run-time strides, for each of
+the 16 loads). The cache is now passed as flat uint64 words and indexed with unsigned 64-bit
+arithmetic whose factors are constants of the build (block size, words per row; the number of
+KV heads is an argument): one product per token, the same word index for K and V. The loop is
+901 instructions (FFMA 256, FADD 84, FMUL 76, SHFL 48, MUFU 20, LDG 20; the bf16 unpacking is
+~64 of the rest), and the 40-byte spill is gone. What this buys at batch 64 / 256 was not
+measured in the session that made it (no device time left): the first thing to measure.
 
 Tried and dropped (issue 5, third session): issuing the next tile's K loads during this tile's
 softmax and P @ V, and its V loads during the next scores, in the same registers. ptxas then
@@ -189,9 +201,8 @@ DEFAULT_MIN_SPLIT_TILES = 2
 MIN_SPLIT_TILES = env_choice(MIN_SPLIT_TILES_ENV, DEFAULT_MIN_SPLIT_TILES, range(1, 65))
 
 _ARGS = (
-    "float32[:, ::1], uint64[:, :, :, ::1], uint64[:, :, :, ::1], int32[::1], int32[::1],"
-    " int32[::1], int32[::1], float64, int64, uint16[:, ::1], float32[::1], float32[::1],"
-    " int32[::1]"
+    "float32[:, ::1], uint64[::1], uint64[::1], int32[::1], int32[::1], int32[::1], int32[::1],"
+    " float64, int64, int64, uint16[:, ::1], float32[::1], float32[::1], int32[::1]"
 )
 
 
@@ -232,6 +243,13 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int):
     nw = 2 * UNROLL  # 8-byte words per lane per tile, of K and of V
     out_dims = group * head_dim
     red_shape = (ns, nthreads) if simulated else (1, 1)
+    # The cache's word index, in unsigned 64-bit arithmetic with constants of that type: with
+    # Numba's signed int64 indexing every load paid Python's negative-index wrap, floor
+    # division and modulo, and 64-bit products by the arrays' run-time strides (ptxas: ~600
+    # integer instructions a tile against 256 FFMA).
+    u_block_size = np.uint64(block_size)
+    u_words = np.uint64(head_dim // 4)  # 8-byte words of one head's K (or V) row
+    u_lanes = np.uint64(lanes)
     m_shape = (slots, group)
     acc_shape = (slots, out_dims)
 
@@ -245,6 +263,7 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int):
         seq_lens,
         scale,
         num_splits,
+        num_kv_heads,
         out,
         part_acc,
         part_ml,
@@ -278,7 +297,7 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int):
         ctx = seq_lens[b]
         row = query_start_loc[b]
         rows = query_start_loc[b + 1] - row
-        table = b * block_table_stride[0]
+        table = uint64(b * block_table_stride[0])
         if rows != 1:
             return  # a prompt chunk of a mixed step (or no row): the prefill kernel's
         # This split's share of the context: whole tiles, the last splits short or empty.
@@ -299,8 +318,8 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int):
         last = end - 1
         if ctx > 0:
             for u in range(UNROLL):
-                t = min(start + u * slots + slot, last)
-                blk[u] = block_tables[table + t // block_size]
+                t = uint64(min(start + u * slots + slot, last))
+                blk[u] = block_tables[table + t // u_block_size]
         grid_dependency_sync()
         if ctx == 0:  # a padding row of a captured graph: zeros, nothing read
             for o in range(tid, out_dims, nthreads):
@@ -319,16 +338,21 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int):
             m[h] = NEG_INF
             den[h] = float32(0.0)
 
+        # Word (block, offset, kvh, lane) of the flat cache: (block * block_size + offset) *
+        # row_words + head_words, the same for K and V.
+        row_words = uint64(num_kv_heads) * u_words
+        head_words = uint64(kvh) * u_words + uint64(lane)
         for t0 in range(start, end, tile):
             for u in range(UNROLL):  # UNROLL tokens x 2 words x (K, V), all in flight at once
-                off = min(t0 + u * slots + slot, last) % block_size
-                kw[2 * u] = k_cache[blk[u], off, kvh, lane]
-                kw[2 * u + 1] = k_cache[blk[u], off, kvh, lane + lanes]
-                vw[2 * u] = v_cache[blk[u], off, kvh, lane]
-                vw[2 * u + 1] = v_cache[blk[u], off, kvh, lane + lanes]
+                off = uint64(min(t0 + u * slots + slot, last)) % u_block_size
+                word = (uint64(blk[u]) * u_block_size + off) * row_words + head_words
+                kw[2 * u] = k_cache[word]
+                kw[2 * u + 1] = k_cache[word + u_lanes]
+                vw[2 * u] = v_cache[word]
+                vw[2 * u + 1] = v_cache[word + u_lanes]
             for u in range(UNROLL):  # the next tile's blocks, while this one computes
-                t = min(t0 + tile + u * slots + slot, last)
-                blk[u] = block_tables[table + t // block_size]
+                t = uint64(min(t0 + tile + u * slots + slot, last))
+                blk[u] = block_tables[table + t // u_block_size]
             # Partial scores over this lane's 8 dimensions, then summed over the token's lanes.
             for u in range(UNROLL):
                 for j in range(DIMS):
@@ -398,7 +422,7 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int):
             if lane == 0:
                 l_sh[slot, h] = den[h] * w
         cuda.syncthreads()
-        num_heads = k_cache.shape[2] * group
+        num_heads = num_kv_heads * group
         for o in range(tid, out_dims, nthreads):
             h = o // head_dim
             d = o - h * head_dim
@@ -430,7 +454,7 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int):
         cuda.threadfence()
         cuda.syncthreads()
         if tid == 0:
-            counter = b * k_cache.shape[2] + kvh
+            counter = b * num_kv_heads + kvh
             seen = cuda.atomic.add(counters, counter, int32(1))
             cuda.threadfence()
             last_sh[0] = int32(0)
@@ -468,8 +492,8 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int):
 
     if simulated:
         return cuda.jit(cache=True)(kernel)
-    # At most 65536 / (128 * BLOCKS_PER_SM) registers a thread (4: 128, and ptxas spills 40
-    # bytes). The on-disk cache key ignores launch bounds and closure constants: cache the
+    # At most 65536 / (128 * BLOCKS_PER_SM) registers a thread (4: 128; ptxas uses 127, no
+    # spill). The on-disk cache key ignores launch bounds and closure constants: cache the
     # default build only.
     default = BLOCKS_PER_SM == DEFAULT_BLOCKS_PER_SM and UNROLL == DEFAULT_UNROLL
     default = default and min_split_tiles == DEFAULT_MIN_SPLIT_TILES
@@ -559,10 +583,10 @@ def decode_attention(
         if num_splits > 1:
             raise ValueError("a split launch needs counters: zeroed int32, counter_size(...)")
         counters = seq_lens  # any int32 array: a one-split launch never counts
-    # Four bf16 per 8-byte load: the same bytes, viewed as uint64 (no copy).
-    k64, v64 = k_cache.view(np.uint64), v_cache.view(np.uint64)
+    # Four bf16 per 8-byte load: the same bytes, viewed as flat uint64 words (no copy).
+    k64, v64 = k_cache.view(np.uint64).reshape(-1), v_cache.view(np.uint64).reshape(-1)
     kernel = decode_kernel(hd, group, block_size, min_split_tiles)
     kernel[(num_seqs, nkv, num_splits), NTHREADS, stream](
         qkv, k64, v64, block_tables, block_table_stride, query_start_loc, seq_lens,
-        float(scale), num_splits, out, part_acc, part_ml, counters,
+        float(scale), num_splits, nkv, out, part_acc, part_ml, counters,
     )  # fmt: skip
