@@ -303,13 +303,16 @@ def _build(
     align = None if simulator else 16  # the simulator takes no alignment
     u4, u_nty, u_ntx = np.uint64(4), np.uint64(nty), np.uint64(ntx)
     u_hd4, u_bk4 = np.uint64(hd // 4), np.uint64(bk // 4)
+    u_block_size = np.uint64(block_size)
 
     # The gather of a K/V tile. Thread `tid` owns 8-byte word w = tid % hq of the tokens
     # tq + g * tpp (tq = tid // hq): one word index and evenly spaced rows, so the loop-invariant
     # addressing is two values, not two per word. Positions past the block's last key are
     # clamped to it (a valid slot, masked like every key past the diagonal), so every load is
     # unconditional and a tile's loads are all in flight together; the physical blocks are
-    # looked up a tile ahead.
+    # looked up a tile ahead. The cache is flat uint64 words, indexed in unsigned 64-bit
+    # arithmetic with the build's constants (as in attention_decode.py: Numba's signed indexing
+    # cost a negative-index wrap, floor division and run-time-stride products per load).
 
     split_range = _split_range(bk, splits)
 
@@ -317,17 +320,19 @@ def _build(
     def lookup_blocks(block_tables, table, base, last, bt, tq):
         """bt[g]: the physical block of row g's token in the tile starting at `base`."""
         for g in range(per_thread):
-            bt[g] = block_tables[table + min(base + tq + g * tpp, last) // block_size]
+            bt[g] = block_tables[table + uint64(min(base + tq + g * tpp, last)) // u_block_size]
 
     @device_function
-    def load_words(k_words, v_words, kvh, base, last, bt, kg, vg, tq, w):
-        """Issue the loads of the tile starting at `base` (its blocks in bt) into kg, vg."""
+    def load_words(k_words, v_words, row_words, head_words, base, last, bt, kg, vg, tq):
+        """Issue the loads of the tile starting at `base` (its blocks in bt) into kg, vg: word
+        (block * block_size + offset) * row_words + head_words of the flat caches."""
         for g in range(per_thread):
             t = tq + g * tpp
             if not ragged or t < bk:
-                off = min(base + t, last) % block_size
-                kg[g] = k_words[bt[g], off, kvh, w]
-                vg[g] = v_words[bt[g], off, kvh, w]
+                off = uint64(min(base + t, last)) % u_block_size
+                word = (uint64(bt[g]) * u_block_size + off) * row_words + head_words
+                kg[g] = k_words[word]
+                vg[g] = v_words[word]
 
     def kernel(
         qkv,
@@ -338,6 +343,7 @@ def _build(
         query_start_loc,
         seq_lens,
         scale,
+        num_kv_heads,
         q_min,
         q_max,
         out,
@@ -380,7 +386,7 @@ def _build(
         p0 = seq_lens[b] - q_len  # position of query 0 of the chunk
         first_pos = p0 + j0
         kv_end = first_pos + nq  # tokens this tile's last query sees
-        table = b * block_table_stride[0]
+        table = uint64(b * block_table_stride[0])
         # Split-KV: this block walks keys [ks, ke), whole KV tiles, of the tile's kv_end.
         ks, ke, busy = 0, kv_end, 1
         if splits > 1:
@@ -413,10 +419,12 @@ def _build(
         tq = tid // hq
         wq = tid - tq * hq
         uw4 = uint64(wq) * u4
+        row_words = uint64(num_kv_heads) * u_hd4
+        head_words = uint64(kvh) * u_hd4 + uint64(wq)
         lookup_blocks(block_tables, table, ks, last, bt, tq)
 
         for t0 in range(ks, ke, bk):
-            load_words(k_words, v_words, kvh, t0, last, bt, kg, vg, tq, wq)
+            load_words(k_words, v_words, row_words, head_words, t0, last, bt, kg, vg, tq)
             lookup_blocks(block_tables, table, t0 + bk, last, bt, tq)
             # This tile's words into shared memory, as fp32 (bf16 u of word w is dimension
             # 4w + u).
@@ -501,7 +509,7 @@ def _build(
                     inv = float32(1.0) / total
                 token = q_start + j0 + j
                 head = kvh * group + row - j * group
-                idx = (token * (k_words.shape[2] * group) + head) * splits + split
+                idx = (token * (num_kv_heads * group) + head) * splits + split
                 for c4 in range(dpt4):
                     for w in range(4):
                         dim = (tx + c4 * ntx) * 4 + w
@@ -589,8 +597,8 @@ prefill_attention_group3_kernel = _build(64, 3, 16, choose_tiles(64, 3, False)[0
 prefill_attention_hd16_kernel = _build(16, 2, 4, choose_tiles(16, 2, False)[0], False)
 prefill_attention_hd16_narrow_kernel = _build(16, 2, 4, choose_tiles(16, 2, False)[1], False)
 _SIG = (
-    "void(float32[:, ::1], uint64[:, :, :, ::1], uint64[:, :, :, ::1], int32[::1], int32[::1],"
-    " int32[::1], int32[::1], float32, int64, int64, uint16[:, ::1], float32[::1], float32[::1])"
+    "void(float32[:, ::1], uint64[::1], uint64[::1], int32[::1], int32[::1], int32[::1],"
+    " int32[::1], float32, int64, int64, int64, uint16[:, ::1], float32[::1], float32[::1])"
 )
 _MERGE_SIG = (
     "void(int32[::1], int32[::1], int64, int64, float32[::1], float32[::1], uint16[:, ::1])"
@@ -645,9 +653,11 @@ def prefill_attention(
     for t in (wide, narrow):
         if not t.fits(hd, group):
             raise ValueError(f"prefill attention: {t} does not fit head_dim {hd}, group {group}")
+    k_words = k_cache.view(np.uint64).reshape(-1)  # flat 8-byte words, no copy
+    v_words = v_cache.view(np.uint64).reshape(-1)
     args = (
-        qkv, k_cache.view(np.uint64), v_cache.view(np.uint64), block_tables, block_table_stride,
-        query_start_loc, seq_lens, np.float32(scale),
+        qkv, k_words, v_words, block_tables, block_table_stride, query_start_loc, seq_lens,
+        np.float32(scale), nkv,
     )  # fmt: skip
     if part_o is None or part_ml is None:  # (tests, benchmarks) no scratch: no split
         part_o = part_ml = cuda.device_array(1, np.float32, stream=stream)
