@@ -69,11 +69,15 @@ def pays_to_overlap(num_tokens: int) -> bool:
 @functools.cache
 def device_supports_pdl() -> bool:
     """Programmatic edges need a Hopper or newer GPU (the kernels' wait is compiled in only for
-    sm_90+, pdl.py) and a CUDA 12.3+ driver (edge data in graphs)."""
-    (version,) = _check(drv.cuDriverGetVersion())
-    (device,) = _check(drv.cuCtxGetDevice())
-    major_attr = drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
-    (major,) = _check(drv.cuDeviceGetAttribute(major_attr, device))
+    sm_90+, pdl.py) and a CUDA 12.3+ driver (edge data in graphs). An optimisation only: if
+    the driver or the bindings cannot say, the graphs keep their captured edges."""
+    try:
+        (version,) = _check(drv.cuDriverGetVersion())
+        (device,) = _check(drv.cuCtxGetDevice())
+        major_attr = drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+        (major,) = _check(drv.cuDeviceGetAttribute(major_attr, device))
+    except (RuntimeError, TypeError, AttributeError):
+        return False
     return version >= 12030 and major >= 9
 
 
