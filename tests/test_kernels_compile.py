@@ -30,6 +30,7 @@ MODULES = [
     "gpu.kernels.sampling",
     "gpu.kernels.argmax",
     "gpu.kernels.gemv",
+    "gpu.kernels.mma",
 ]
 
 SCRIPT = textwrap.dedent(

@@ -17,6 +17,8 @@ gpu/sampling/numpy_sampler.py for the sampler).
     sampling.py          greedy / temperature / top-k / top-p / min-p / penalties / bans
     argmax.py            the all-greedy fast path: two-stage argmax over vocabulary chunks
     launch.py            the simulator switch and block sizes
+    mma.py               tensor cores through inline PTX: mma.sync m16n8k16 bf16 (a building
+                         block, checked on the device; no kernel uses it yet)
     pdl.py               griddepcontrol.wait: every kernel waits for its predecessor there, so
                          a graph may launch it early (programmatic dependent launch)
 

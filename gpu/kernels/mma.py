@@ -1,0 +1,104 @@
+"""Tensor cores from Numba: one warp-wide bf16 matrix multiply-accumulate, mma.sync m16n8k16.
+
+Numba exposes no tensor-core instruction, but it can emit any PTX through an intrinsic with
+inline assembly (pdl.py does the same for griddepcontrol). This module wraps the one the
+attention kernels need: D = A @ B + C for a 16 x 16 bf16 A, a 16 x 8 bf16 B and 16 x 8 fp32
+C / D, computed by the 32 threads of a warp together, each holding a fixed piece ("fragment")
+of every operand in registers. With it a warp does 16 x 8 x 16 = 2,048 multiply-adds in one
+instruction instead of 64 FFMAs a thread: what the decode attention, issue-bound at GQA 4
+(attention_decode.py: 256 FFMAs of a 901-instruction loop per tile), needs to stop counting FMAs.
+
+Fragments (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type"). A thread's
+lane is g * 4 + c (g = lane // 4, the "group", c = lane % 4); a .b32 register holds two bf16,
+the lower-index element in the low 16 bits:
+
+    A (16 x 16, row):  a0 = A[g, 2c:2c+2]      a1 = A[g+8, 2c:2c+2]
+                       a2 = A[g, 2c+8:2c+10]   a3 = A[g+8, 2c+8:2c+10]
+    B (16 x 8, col):   b0 = B[2c:2c+2, g]      b1 = B[2c+8:2c+10, g]
+    C, D (16 x 8):     d0, d1 = D[g, 2c], D[g, 2c+1]   d2, d3 = D[g+8, 2c], D[g+8, 2c+1]
+
+The sum over k does not care which k is which, so a kernel may hand the tensor core any
+permutation of the k index, the same one for A and B: a thread can then load 8 contiguous bytes
+of a K row (4 dimensions) as its a0/a2 pair, instead of the two 4-byte pieces the layout above
+spells out.
+
+sm_80 and later (bf16 mma); the GPU only: the CUDA simulator has no warp-wide instruction, so
+kernels keep a scalar path for it (see the `SIMULATOR` branches of the attention kernels).
+tests/test_kernels_mma.py checks the fragment layout against numpy on the device.
+"""
+
+from __future__ import annotations
+
+from numba import cuda, types
+
+from gpu.kernels.launch import SIMULATOR, device_function
+from gpu.kernels.pdl import grid_dependency_sync
+
+if SIMULATOR:
+
+    def mma_bf16_m16n8k16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        raise NotImplementedError("mma.sync is a warp-wide GPU instruction: no simulator twin")
+
+else:
+    from llvmlite import ir
+    from numba.cuda.extending import intrinsic
+
+    _F32x4 = types.UniTuple(types.float32, 4)
+
+    @intrinsic
+    def mma_bf16_m16n8k16(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """(d0, d1, d2, d3) = this thread's fragment of A @ B + C (see the module docstring);
+        a*, b*: uint32 (two bf16 each), c*: float32. Every thread of the warp must call it."""
+        sig = _F32x4(
+            types.uint32, types.uint32, types.uint32, types.uint32, types.uint32, types.uint32,
+            types.float32, types.float32, types.float32, types.float32,
+        )  # fmt: skip
+
+        def codegen(context, builder, signature, args):
+            f32, i32 = ir.FloatType(), ir.IntType(32)
+            fnty = ir.FunctionType(ir.LiteralStructType([f32] * 4), [i32] * 6 + [f32] * 4)
+            asm = (
+                "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};"
+            )
+            constraints = "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f"
+            result = builder.asm(fnty, asm, constraints, list(args), side_effect=False)
+            values = [builder.extract_value(result, i) for i in range(4)]
+            return context.make_tuple(builder, signature.return_type, values)
+
+        return sig, codegen
+
+
+@device_function
+def pack_bf16x2(lo, hi):
+    """Two bf16 bit patterns (uint16) as one uint32 register: lo in the low half."""
+    return types.uint32(lo) | (types.uint32(hi) << types.uint32(16))
+
+
+@cuda.jit(cache=True)
+def mma_tile_kernel(a, b, c, d):
+    """d = a @ b + c for one tile, by one warp: a [16, 16] and b [16, 8] bf16 bits, c and d
+    [16, 8] float32. Each thread gathers its fragments as the module docstring lays them out;
+    tests/test_kernels_mma.py checks the result against numpy, which checks the layout."""
+    grid_dependency_sync()
+    lane = cuda.threadIdx.x
+    g = lane // 4
+    k = 2 * (lane % 4)
+    d0, d1, d2, d3 = mma_bf16_m16n8k16(
+        pack_bf16x2(a[g, k], a[g, k + 1]),
+        pack_bf16x2(a[g + 8, k], a[g + 8, k + 1]),
+        pack_bf16x2(a[g, k + 8], a[g, k + 9]),
+        pack_bf16x2(a[g + 8, k + 8], a[g + 8, k + 9]),
+        pack_bf16x2(b[k, g], b[k + 1, g]),
+        pack_bf16x2(b[k + 8, g], b[k + 9, g]),
+        c[g, k], c[g, k + 1], c[g + 8, k], c[g + 8, k + 1],
+    )  # fmt: skip
+    d[g, k] = d0
+    d[g, k + 1] = d1
+    d[g + 8, k] = d2
+    d[g + 8, k + 1] = d3
+
+
+SIGNATURES = {
+    "mma_tile_kernel": ["void(uint16[:, ::1], uint16[:, ::1], float32[:, ::1], float32[:, ::1])"]
+}
