@@ -22,22 +22,64 @@ permutation of the k index, the same one for A and B: a thread can then load 8 c
 of a K row (4 dimensions) as its a0/a2 pair, instead of the two 4-byte pieces the layout above
 spells out.
 
-sm_80 and later (bf16 mma); the GPU only: the CUDA simulator has no warp-wide instruction, so
-kernels keep a scalar path for it (see the `SIMULATOR` branches of the attention kernels).
-tests/test_kernels_mma.py checks the fragment layout against numpy on the device.
+sm_80 and later (bf16 mma). Kernels call mma_m16n8k16 with three shared scratch arrays
+(scratch_shapes): in the CUDA simulator, which has no warp-wide instruction, it is a twin that
+posts every lane's fragments there and computes each lane's D elements from the layout above
+(one warp: the simulator's blocks are 32 threads); on the GPU the scratch is unused.
+tests/test_kernels_mma.py checks both against numpy: the twin in the simulator (CI), the
+instruction on the device, so the two agree.
 """
 
 from __future__ import annotations
 
-from numba import cuda, types
+from numba import cuda, float32, types, uint32
 
 from gpu.kernels.launch import SIMULATOR, device_function
 from gpu.kernels.pdl import grid_dependency_sync
 
-if SIMULATOR:
+# The simulator twin's scratch: every lane's fragments, in shared memory (kernels allocate it
+# with scratch_shapes(); on the GPU the arrays are 1 x 1 and unused).
+FRAG_SHAPES = ((32, 4), (32, 2), (32, 4))
 
-    def mma_bf16_m16n8k16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
-        raise NotImplementedError("mma.sync is a warp-wide GPU instruction: no simulator twin")
+
+def scratch_shapes(simulator: bool) -> tuple:
+    """(A, B, C) fragment scratch shapes a kernel allocates (uint32, uint32, float32)."""
+    return FRAG_SHAPES if simulator else ((1, 1),) * 3
+
+
+if SIMULATOR:
+    from gpu.kernels.bf16 import bf16_to_f32
+
+    @device_function
+    def _a_elem(fa, row, k):
+        """A[row, k] of the warp's fragments (module docstring), as float32."""
+        word = fa[4 * (row % 8) + (k % 8) // 2, row // 8 + 2 * (k // 8)]
+        return bf16_to_f32((word >> (16 * (k % 2))) & 0xFFFF)
+
+    @device_function
+    def _b_elem(fb, k, col):
+        word = fb[4 * col + (k % 8) // 2, k // 8]
+        return bf16_to_f32((word >> (16 * (k % 2))) & 0xFFFF)
+
+    @device_function
+    def mma_m16n8k16(fa, fb, fc, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """The simulator twin of mma_bf16_m16n8k16 (one warp = the simulator's 32-thread
+        block): the lanes post their fragments to shared memory, each computes its four D
+        elements from the whole A and B, exactly as the layout says."""
+        lane = cuda.threadIdx.x % 32
+        fa[lane, 0], fa[lane, 1], fa[lane, 2], fa[lane, 3] = a0, a1, a2, a3
+        fb[lane, 0], fb[lane, 1] = b0, b1
+        fc[lane, 0], fc[lane, 1], fc[lane, 2], fc[lane, 3] = c0, c1, c2, c3
+        cuda.syncthreads()
+        g = lane // 4
+        col = 2 * (lane % 4)
+        d = [float(fc[lane, e]) for e in range(4)]
+        for e in range(4):
+            row = g + 8 * (e // 2)
+            for k in range(16):
+                d[e] += float(_a_elem(fa, row, k)) * float(_b_elem(fb, k, col + e % 2))
+        cuda.syncthreads()
+        return types.float32(d[0]), types.float32(d[1]), types.float32(d[2]), types.float32(d[3])
 
 else:
     from llvmlite import ir
@@ -68,6 +110,11 @@ else:
 
         return sig, codegen
 
+    @device_function
+    def mma_m16n8k16(fa, fb, fc, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """mma_bf16_m16n8k16; the scratch arrays are the simulator twin's (unused here)."""
+        return mma_bf16_m16n8k16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
+
 
 @device_function
 def pack_bf16x2(lo, hi):
@@ -75,16 +122,23 @@ def pack_bf16x2(lo, hi):
     return types.uint32(lo) | (types.uint32(hi) << types.uint32(16))
 
 
+FA_SHAPE, FB_SHAPE, FC_SHAPE = scratch_shapes(SIMULATOR)
+
+
 @cuda.jit(cache=True)
 def mma_tile_kernel(a, b, c, d):
     """d = a @ b + c for one tile, by one warp: a [16, 16] and b [16, 8] bf16 bits, c and d
     [16, 8] float32. Each thread gathers its fragments as the module docstring lays them out;
     tests/test_kernels_mma.py checks the result against numpy, which checks the layout."""
+    fa = cuda.shared.array(FA_SHAPE, uint32)
+    fb = cuda.shared.array(FB_SHAPE, uint32)
+    fc = cuda.shared.array(FC_SHAPE, float32)
     grid_dependency_sync()
     lane = cuda.threadIdx.x
     g = lane // 4
     k = 2 * (lane % 4)
-    d0, d1, d2, d3 = mma_bf16_m16n8k16(
+    d0, d1, d2, d3 = mma_m16n8k16(
+        fa, fb, fc,
         pack_bf16x2(a[g, k], a[g, k + 1]),
         pack_bf16x2(a[g + 8, k], a[g + 8, k + 1]),
         pack_bf16x2(a[g, k + 8], a[g, k + 9]),
