@@ -52,7 +52,7 @@ def _scaled(seq_lens, head_dim):
 
 def _run_decode(
     seq_lens, num_heads, num_kv_heads, head_dim, block_size, num_splits, launches: int = 1,
-    min_split_tiles: int = 1,
+    min_split_tiles: int = 1, tensor_cores: bool = False,
 ):  # fmt: skip
     """`launches` decode launches on one fresh paged case (seq_len 0: a padding row), all on
     the same counters. Checks each output against the numpy twin (zeros for padding rows), the
@@ -80,11 +80,12 @@ def _run_decode(
         out = poisoned((n, num_heads * head_dim), np.uint16)
         decode_attention(
             *args, n, num_heads, head_dim**-0.5, out, part_acc, part_ml, num_splits,
-            counters=counters, min_split_tiles=min_split_tiles,
+            counters=counters, min_split_tiles=min_split_tiles, tensor_cores=tensor_cores,
         )  # fmt: skip
         bits = synced(out)
         what = f"decode attention, launch {launch + 1}"
-        assert_close(from_bf16_bits(bits), want, RTOL, ATOL, seed, what)
+        atol = TENSOR_CORE_ATOL if tensor_cores else ATOL
+        assert_close(from_bf16_bits(bits), want, RTOL, atol, seed, what)
         assert (counters.copy_to_host() == 0).all(), f"counters not reset (KERNEL_TEST_SEED={seed})"
         if first is None:
             first = bits
@@ -219,3 +220,26 @@ def test_blocks_per_sm_environment(monkeypatch):
         monkeypatch.setenv(attention_decode.BLOCKS_PER_SM_ENV, bad)
         with pytest.raises(ValueError, match="TINYCHAT_DECODE_BLOCKS_PER_SM"):
             read()
+
+
+# The tensor-core walk rounds q and the probabilities P to bf16 (the operands of bf16 mma, as in
+# flash attention and in transformers' bf16 attention): errors of ~2^-9 relative in each, so
+# an output can be off by ~2^-8 of the values' scale, where the FFMA walk's fp32 is at 2e-3.
+TENSOR_CORE_ATOL = 2.0**-8
+
+
+@pytest.mark.parametrize(
+    "seq_lens, num_heads, num_kv_heads, block_size, num_splits",
+    [
+        ([1, 16, 49, 32], 8, 2, 16, 2),  # Llama-3.2-1B's GQA 4, partial tiles, split-KV
+        ([37, 0, 5], 6, 2, 16, 3),  # SmolLM2's GQA 3, a padding row, a one-token context
+        ([20, 3], 16, 2, 8, 1),  # GQA 8, blocks of 8: a warp's tokens span two blocks
+    ],
+)
+def test_decode_attention_tensor_cores(seq_lens, num_heads, num_kv_heads, block_size, num_splits):
+    """The tensor-core walk (mma.py: the instruction's simulator twin here, the instruction on
+    the GPU) against the numpy twin, head_dim 64, with the shuffles of the GPU path."""
+    with gpu_code_path(attention_decode):
+        _run_decode(
+            seq_lens, num_heads, num_kv_heads, 64, block_size, num_splits, tensor_cores=True
+        )

@@ -134,6 +134,23 @@ KV heads is an argument): one product per token, the same word index for K and V
 ~64 of the rest), and the 40-byte spill is gone. What this buys at batch 64 / 256 was not
 measured in the session that made it (no device time left): the first thing to measure.
 
+The tensor-core walk (sixth session; $TINYCHAT_DECODE_TENSOR_CORES=1, off by default until
+measured). With the indexing fixed, the FFMA walk is still ~900 instructions per warp and 16
+tokens, 256 of them FFMAs: 4 per KV bf16 and query head at GQA 4. tensor_core_walk (head_dim 64,
+group <= 8) gives the products to the tensor cores through mma.py: per warp and 16 tokens, 8
+mma for S = Q K^T (the A operand Q holds the group's heads in rows 0..group-1 of 16, so most
+of each mma is padding, which costs nothing that matters here) and 8 for O += P V, whose A
+operand is S's accumulator fragment as it comes out, rounded to bf16: no shuffle, no shared
+memory between the two products. The row max takes 2 xor shuffles, the exponentials 4 MUFU.
+The operands' fragments come straight from global memory: for K, 32 contiguous bytes of the
+row per lane (the k index of the product is permuted, the same way for Q, so a lane's four k
+slots are four adjacent dimensions); for V, 16 contiguous bytes of four tokens, paired bf16 by
+bf16 into the B fragments. ptxas, sm_90: the loop is 296 instructions per 16 tokens (16 HMMA,
+17 LDG) against the FFMA walk's 905, 114 registers, no spill. Its numerics: q and P in bf16
+(as flash attention and transformers' bf16 attention), so outputs differ from the fp32 twin by
+up to ~2^-8 of the values' scale (the test's tolerance); the simulator runs it through mma.py's
+twin of the instruction.
+
 Tried and dropped (issue 5, third session): issuing the next tile's K loads during this tile's
 softmax and P @ V, and its V loads during the next scores, in the same registers. ptxas then
 spilled 248 bytes a thread instead of 60 at the 128-register bound, and the H200 measured it
@@ -159,11 +176,11 @@ import functools
 import math
 
 import numpy as np
-from numba import cuda, float32, int32, uint64
+from numba import cuda, float32, int32, int64, uint32, uint64
 
-from gpu.kernels import launch
+from gpu.kernels import launch, mma
 from gpu.kernels.bf16 import bf16_of_word, f32_to_bf16
-from gpu.kernels.launch import SIMULATOR, cdiv, env_choice, threads
+from gpu.kernels.launch import SIMULATOR, cdiv, device_function, env_choice, threads
 from gpu.kernels.pdl import grid_dependency_sync
 
 DIMS = 8  # head dimensions per lane: two 8-byte words of four bf16
@@ -178,6 +195,8 @@ MIN_SPLIT_TILES_ENV = "TINYCHAT_DECODE_MIN_SPLIT_TILES"
 LOG2E = 1.4426950408889634
 NEG_INF = float32(-math.inf)
 FULL_MASK = 0xFFFFFFFF
+LOW32, HIGH_SHIFT, LOW16 = np.uint64(0xFFFFFFFF), np.uint64(32), np.uint64(0xFFFF)
+TENSOR_CORES_ENV = "TINYCHAT_DECODE_TENSOR_CORES"
 NTHREADS = threads(128)  # per block
 
 
@@ -199,6 +218,9 @@ UNROLL = _unroll()
 # (no partials, no merge), $TINYCHAT_DECODE_MIN_SPLIT_TILES or 2.
 DEFAULT_MIN_SPLIT_TILES = 2
 MIN_SPLIT_TILES = env_choice(MIN_SPLIT_TILES_ENV, DEFAULT_MIN_SPLIT_TILES, range(1, 65))
+# The tensor-core walk (tensor_core_walk, mma.py) where the shape fits, with
+# $TINYCHAT_DECODE_TENSOR_CORES = 1. Off by default until measured on the H200.
+TENSOR_CORES = env_choice(TENSOR_CORES_ENV, 0, (0, 1)) == 1
 
 _ARGS = (
     "float32[:, ::1], uint64[::1], uint64[::1], int32[::1], int32[::1], int32[::1], int32[::1],"
@@ -220,14 +242,28 @@ def tile_tokens(head_dim: int) -> int:
     return NTHREADS // (head_dim // DIMS) * UNROLL
 
 
-def decode_kernel(head_dim: int, group: int, block_size: int, min_split_tiles: int = 0):
+def decode_kernel(
+    head_dim: int, group: int, block_size: int, min_split_tiles: int = 0,
+    tensor_cores: bool | None = None,
+):  # fmt: skip
     """The split-KV decode kernel (merge included) specialised for (head_dim, group,
-    block_size, min_split_tiles; 0: MIN_SPLIT_TILES), built once per configuration."""
-    return _build(head_dim, group, block_size, min_split_tiles or MIN_SPLIT_TILES)
+    block_size, min_split_tiles; 0: MIN_SPLIT_TILES, tensor_cores; None: TENSOR_CORES where
+    the shape allows), built once per configuration."""
+    if tensor_cores is None:
+        tensor_cores = TENSOR_CORES and tensor_cores_fit(head_dim, group)
+    if tensor_cores and not tensor_cores_fit(head_dim, group):
+        raise ValueError(f"the tensor-core decode needs head_dim 64, group <= 8: {head_dim}")
+    return _build(head_dim, group, block_size, min_split_tiles or MIN_SPLIT_TILES, tensor_cores)
+
+
+def tensor_cores_fit(head_dim: int, group: int) -> bool:
+    """Shapes the tensor-core walk is written for: head_dim 64 (4 lanes x 16 dimensions of a K
+    row, 8 output tiles of 8), at most 8 query heads a KV head (the 16-row A operand)."""
+    return head_dim == 64 and group <= 8 and UNROLL == 4
 
 
 @functools.cache
-def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int):
+def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int, tensor_cores: bool):
     check_shape(head_dim, group)
     # launch.SIMULATOR, not this module's SIMULATOR: the tests turn the latter off to run the
     # GPU code path in the simulator, which still cannot compile a real kernel.
@@ -252,28 +288,22 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int):
     u_lanes = np.uint64(lanes)
     m_shape = (slots, group)
     acc_shape = (slots, out_dims)
+    # The tensor-core walk (tensor_cores): a warp takes 16 tokens of each 64-token tile (the
+    # simulator's 32-thread block: one warp, 16-token tiles, as tile_tokens says).
+    nwarps = nthreads // 32
+    nslots = nwarps if tensor_cores else slots  # the partial results merged at the end
+    one_block = block_size % 16 == 0  # a warp's 16 tokens lie in one cache block
+    fa_shape, fb_shape, fc_shape = mma.scratch_shapes(simulated)
+    u_head_words = np.uint64(head_dim // 4)
 
-    def kernel(
-        qkv,
-        k_cache,
-        v_cache,
-        block_tables,
-        block_table_stride,
-        query_start_loc,
-        seq_lens,
-        scale,
-        num_splits,
-        num_kv_heads,
-        out,
-        part_acc,
-        part_ml,
-        counters,
-    ):
+    @device_function
+    def ffma_walk(
+        qkv, k_cache, v_cache, block_tables, table, row, kvh, start, end, qscale, num_kv_heads,
+        m_sh, l_sh, acc_sh, blk,
+    ):  # fmt: skip
+        """The FFMA walk of this split's tokens, [start, end): the partial results of its token
+        slots into m_sh / l_sh / acc_sh (blk: the first tile's blocks, looked up already)."""
         red = cuda.shared.array(red_shape, float32)  # the simulator's lane sums
-        m_sh = cuda.shared.array(m_shape, float32)
-        l_sh = cuda.shared.array(m_shape, float32)
-        acc_sh = cuda.shared.array(acc_shape, float32)
-        last_sh = cuda.shared.array(1, int32)
         q = cuda.local.array(nq, float32)
         acc = cuda.local.array(nq, float32)
         m = cuda.local.array(group, float32)
@@ -283,52 +313,12 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int):
         kw = cuda.local.array(nw, uint64)
         vw = cuda.local.array(nw, uint64)
         x = cuda.local.array(DIMS, float32)
-        blk = cuda.local.array(UNROLL, int32)
-        ms = cuda.local.array(MAX_SPLITS, float32)
-
-        b = cuda.blockIdx.x
-        kvh = cuda.blockIdx.y
-        split = cuda.blockIdx.z
         tid = cuda.threadIdx.x
         slot = tid // lanes
         lane = tid % lanes
-        # Three independent loads issued together (they are a dependent round trip each when
-        # read where first needed, behind the branch on ctx).
-        ctx = seq_lens[b]
-        row = query_start_loc[b]
-        rows = query_start_loc[b + 1] - row
-        table = uint64(b * block_table_stride[0])
-        if rows != 1:
-            return  # a prompt chunk of a mixed step (or no row): the prefill kernel's
-        # This split's share of the context: whole tiles, the last splits short or empty.
-        # `busy` splits hold tokens (one for a padding row, ctx 0); the others exit at once.
-        chunk = (ctx + num_splits - 1) // num_splits
-        chunk = max((chunk + tile - 1) // tile * tile, min_chunk)
-        busy = 1
-        if ctx > 0:
-            busy = (ctx + chunk - 1) // chunk
-        if split >= busy:
-            return  # an empty split: no more loads, no write, no counter
-        start = split * chunk
-        end = min(ctx, start + chunk)
-        # The physical block of each of this lane's tokens of the first tile. Token indices are
-        # clamped to the last one (its row is read again, its score masked), so the loads need
-        # no branch and are all issued back to back. Like seq_lens, the block table is a staged
-        # input no kernel writes, so it is read before the wait for the previous kernel (pdl.py)
         last = end - 1
-        if ctx > 0:
-            for u in range(UNROLL):
-                t = uint64(min(start + u * slots + slot, last))
-                blk[u] = block_tables[table + t // u_block_size]
-        grid_dependency_sync()
-        if ctx == 0:  # a padding row of a captured graph: zeros, nothing read
-            for o in range(tid, out_dims, nthreads):
-                out[row, kvh * out_dims + o] = f32_to_bf16(float32(0.0))
-            return
-
         # Lane `lane` owns dimensions 4 * (lane + w * lanes) + i of every head (word w = 0, 1
         # of its token's row, bf16 i = 0..3 of the word): j = 4 * w + i below.
-        qscale = float32(scale * LOG2E)
         for h in range(group):
             col = (kvh * group + h) * head_dim
             for j in range(DIMS):
@@ -422,6 +412,224 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int):
             if lane == 0:
                 l_sh[slot, h] = den[h] * w
         cuda.syncthreads()
+
+    @device_function
+    def tensor_core_walk(
+        qkv, k_cache, v_cache, block_tables, table, row, kvh, start, end, qscale, num_kv_heads,
+        m_sh, l_sh, acc_sh, fa, fb, fc,
+    ):  # fmt: skip
+        """The tensor-core walk of [start, end): per warp and 16 tokens, S = Q K^T as 2 x 4
+        mma (heads x 8 tokens, 16 dimensions each) and O += P V as 8 mma (heads x 8
+        dimensions, 16 tokens). Lane = 4 g + c. Q is the A operand: row g = head g (rows past
+        the group, and 8-15, are zero), k slots (2c, 2c+1, 2c+8, 2c+9) of chunk i = dimensions
+        16c + 4i + 0..3, one 8-byte word. K^T is B: column g = token g of the n-tile, the same
+        dimensions: word 4c + i of that token's row. S comes out as d0, d1 = S[head g, tokens
+        2c, 2c+1], which is exactly P's A fragment for P V (two n-tiles = 16 tokens). V is B:
+        column g of output tile j = dimension 8g + j, so a lane reads 16 contiguous bytes
+        (words 2g, 2g+1) of its four tokens (2c, 2c+1, 8+2c, 9+2c) and pairs their bf16; D
+        holds O[head g, dimensions 16c + j and 16c + 8 + j]. The softmax is online per warp
+        (the row max of head g over 2 lanes' xor shuffles); warps merge like token slots."""
+        qa = cuda.local.array(8, uint32)
+        kk = cuda.local.array(8, uint64)  # 2 tokens x words 4c .. 4c+3
+        vv = cuda.local.array(8, uint64)  # 4 tokens x words 2g, 2g+1
+        sc = cuda.local.array(4, float32)
+        o = cuda.local.array(16, float32)
+        vt = cuda.local.array(4, int64)
+        tid = cuda.threadIdx.x
+        wid = tid // 32
+        g = (tid % 32) // 4
+        c = tid % 4
+        last = end - 1
+        zero = uint32(0)
+        for i in range(4):  # Q fragments, scaled to log2 units and rounded to bf16
+            lo = zero
+            hi = zero
+            if g < group:
+                col = (kvh * group + g) * head_dim + 16 * c + 4 * i
+                lo = mma.pack_bf16x2(
+                    f32_to_bf16(qkv[row, col] * qscale), f32_to_bf16(qkv[row, col + 1] * qscale)
+                )
+                hi = mma.pack_bf16x2(
+                    f32_to_bf16(qkv[row, col + 2] * qscale),
+                    f32_to_bf16(qkv[row, col + 3] * qscale),
+                )
+            qa[2 * i] = lo
+            qa[2 * i + 1] = hi
+        for j in range(16):
+            o[j] = float32(0.0)
+        m = NEG_INF
+        lpart = float32(0.0)
+        row_words = uint64(num_kv_heads) * u_head_words
+        k_words = uint64(kvh) * u_head_words + uint64(4 * c)
+        v_words = uint64(kvh) * u_head_words + uint64(2 * g)
+        for t0 in range(start, end, tile):
+            base = t0 + 16 * wid
+            for n in range(4):  # V's tokens: 2c, 2c+1, 8+2c, 9+2c
+                vt[n] = base + 8 * (n // 2) + 2 * c + n % 2
+            if one_block:  # the warp's 16 tokens share one block: one lookup
+                blk = block_tables[table + uint64(min(base, last)) // u_block_size]
+                for n in range(2):
+                    off = uint64(min(base + 8 * n + g, last)) % u_block_size
+                    word = (uint64(blk) * u_block_size + off) * row_words + k_words
+                    for i in range(4):
+                        kk[4 * n + i] = k_cache[word + uint64(i)]
+                for n in range(4):
+                    off = uint64(min(vt[n], last)) % u_block_size
+                    word = (uint64(blk) * u_block_size + off) * row_words + v_words
+                    vv[2 * n] = v_cache[word]
+                    vv[2 * n + 1] = v_cache[word + uint64(1)]
+            else:
+                for n in range(2):
+                    t = uint64(min(base + 8 * n + g, last))
+                    kb = block_tables[table + t // u_block_size]
+                    word = (uint64(kb) * u_block_size + t % u_block_size) * row_words + k_words
+                    for i in range(4):
+                        kk[4 * n + i] = k_cache[word + uint64(i)]
+                for n in range(4):
+                    t = uint64(min(vt[n], last))
+                    vb = block_tables[table + t // u_block_size]
+                    word = (uint64(vb) * u_block_size + t % u_block_size) * row_words + v_words
+                    vv[2 * n] = v_cache[word]
+                    vv[2 * n + 1] = v_cache[word + uint64(1)]
+            # S = Q K^T, two n-tiles of 8 tokens; tokens past the end are masked.
+            for n in range(2):
+                s0 = float32(0.0)
+                s1 = float32(0.0)
+                for i in range(4):
+                    w = kk[4 * n + i]
+                    s0, s1, _, _ = mma.mma_m16n8k16(
+                        fa, fb, fc, qa[2 * i], zero, qa[2 * i + 1], zero,
+                        uint32(w & LOW32), uint32(w >> HIGH_SHIFT), s0, s1,
+                        float32(0.0), float32(0.0),
+                    )  # fmt: skip
+                t = base + 8 * n + 2 * c
+                sc[2 * n] = s0 if t < end else NEG_INF
+                sc[2 * n + 1] = s1 if t + 1 < end else NEG_INF
+            top = max(max(sc[0], sc[1]), max(sc[2], sc[3]))
+            top = max(top, cuda.shfl_xor_sync(FULL_MASK, top, 1))
+            top = max(top, cuda.shfl_xor_sync(FULL_MASK, top, 2))
+            top = max(top, m)
+            shift = top if top > NEG_INF else float32(0.0)
+            alpha = math.exp2(m - shift)
+            m = top
+            lpart *= alpha
+            for j in range(16):
+                o[j] *= alpha
+            for k in range(4):
+                sc[k] = math.exp2(sc[k] - shift)  # p; 0 where masked
+                lpart += sc[k]
+            pa0 = mma.pack_bf16x2(f32_to_bf16(sc[0]), f32_to_bf16(sc[1]))
+            pa2 = mma.pack_bf16x2(f32_to_bf16(sc[2]), f32_to_bf16(sc[3]))
+            # O += P V: output tile j holds dimensions 8 g' + j of column g'.
+            for j in range(8):
+                half = uint64(16 * (j % 4))
+                word = j // 4
+                b0 = uint32((vv[word] >> half) & LOW16) | (
+                    uint32((vv[2 + word] >> half) & LOW16) << uint32(16)
+                )
+                b1 = uint32((vv[4 + word] >> half) & LOW16) | (
+                    uint32((vv[6 + word] >> half) & LOW16) << uint32(16)
+                )
+                o[2 * j], o[2 * j + 1], _, _ = mma.mma_m16n8k16(
+                    fa, fb, fc, pa0, zero, pa2, zero, b0, b1, o[2 * j], o[2 * j + 1],
+                    float32(0.0), float32(0.0),
+                )  # fmt: skip
+        # The row sum over the 4 lanes of head g; warps merge like token slots.
+        lpart += cuda.shfl_xor_sync(FULL_MASK, lpart, 1)
+        lpart += cuda.shfl_xor_sync(FULL_MASK, lpart, 2)
+        if c == 0 and g < group:
+            m_sh[wid, g] = m
+        cuda.syncthreads()
+        if g < group:
+            top = NEG_INF
+            for k in range(nwarps):
+                top = max(top, m_sh[k, g])
+            wgt = float32(0.0)
+            if top > NEG_INF:
+                wgt = math.exp2(m - top)
+            for j in range(8):
+                acc_sh[wid, g * head_dim + 16 * c + j] = o[2 * j] * wgt
+                acc_sh[wid, g * head_dim + 16 * c + 8 + j] = o[2 * j + 1] * wgt
+            if c == 0:
+                l_sh[wid, g] = lpart * wgt
+        cuda.syncthreads()
+
+    def kernel(
+        qkv,
+        k_cache,
+        v_cache,
+        block_tables,
+        block_table_stride,
+        query_start_loc,
+        seq_lens,
+        scale,
+        num_splits,
+        num_kv_heads,
+        out,
+        part_acc,
+        part_ml,
+        counters,
+    ):
+        m_sh = cuda.shared.array(m_shape, float32)
+        l_sh = cuda.shared.array(m_shape, float32)
+        acc_sh = cuda.shared.array(acc_shape, float32)
+        last_sh = cuda.shared.array(1, int32)
+        blk = cuda.local.array(UNROLL, int32)
+        ms = cuda.local.array(MAX_SPLITS, float32)
+        fa = cuda.shared.array(fa_shape, uint32)  # the simulator's mma twin
+        fb = cuda.shared.array(fb_shape, uint32)
+        fc = cuda.shared.array(fc_shape, float32)
+
+        b = cuda.blockIdx.x
+        kvh = cuda.blockIdx.y
+        split = cuda.blockIdx.z
+        tid = cuda.threadIdx.x
+        slot = tid // lanes
+        # Three independent loads issued together (they are a dependent round trip each when
+        # read where first needed, behind the branch on ctx).
+        ctx = seq_lens[b]
+        row = query_start_loc[b]
+        rows = query_start_loc[b + 1] - row
+        table = uint64(b * block_table_stride[0])
+        if rows != 1:
+            return  # a prompt chunk of a mixed step (or no row): the prefill kernel's
+        # This split's share of the context: whole tiles, the last splits short or empty.
+        # `busy` splits hold tokens (one for a padding row, ctx 0); the others exit at once.
+        chunk = (ctx + num_splits - 1) // num_splits
+        chunk = max((chunk + tile - 1) // tile * tile, min_chunk)
+        busy = 1
+        if ctx > 0:
+            busy = (ctx + chunk - 1) // chunk
+        if split >= busy:
+            return  # an empty split: no more loads, no write, no counter
+        start = split * chunk
+        end = min(ctx, start + chunk)
+        # The physical block of each of this lane's tokens of the first tile. Token indices are
+        # clamped to the last one (its row is read again, its score masked), so the loads need
+        # no branch and are all issued back to back. Like seq_lens, the block table is a staged
+        # input no kernel writes, so it is read before the wait for the previous kernel (pdl.py)
+        last = end - 1
+        if ctx > 0 and not tensor_cores:
+            for u in range(UNROLL):
+                t = uint64(min(start + u * slots + slot, last))
+                blk[u] = block_tables[table + t // u_block_size]
+        grid_dependency_sync()
+        if ctx == 0:  # a padding row of a captured graph: zeros, nothing read
+            for o in range(tid, out_dims, nthreads):
+                out[row, kvh * out_dims + o] = f32_to_bf16(float32(0.0))
+            return
+
+        qscale = float32(scale * LOG2E)
+        if tensor_cores:
+            tensor_core_walk(
+                qkv, k_cache, v_cache, block_tables, table, row, kvh, start, end, qscale,
+                num_kv_heads, m_sh, l_sh, acc_sh, fa, fb, fc,
+            )  # fmt: skip
+        else:
+            ffma_walk(
+                qkv, k_cache, v_cache, block_tables, table, row, kvh, start, end, qscale,
+                num_kv_heads, m_sh, l_sh, acc_sh, blk,
+            )  # fmt: skip
         num_heads = num_kv_heads * group
         for o in range(tid, out_dims, nthreads):
             h = o // head_dim
@@ -429,7 +637,7 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int):
             total = float32(0.0)
             lsum = float32(0.0)
             top = NEG_INF
-            for k in range(slots):
+            for k in range(nslots):
                 total += acc_sh[k, o]
                 lsum += l_sh[k, h]
                 top = max(top, m_sh[k, h])
@@ -496,17 +704,19 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int):
     # spill). The on-disk cache key ignores launch bounds and closure constants: cache the
     # default build only.
     default = BLOCKS_PER_SM == DEFAULT_BLOCKS_PER_SM and UNROLL == DEFAULT_UNROLL
-    default = default and min_split_tiles == DEFAULT_MIN_SPLIT_TILES
+    default = default and min_split_tiles == DEFAULT_MIN_SPLIT_TILES and not tensor_cores
     return cuda.jit(cache=default, launch_bounds=(nthreads, BLOCKS_PER_SM))(kernel)
 
 
 # The specialisations of the preset models (Llama-3.2-1B: head_dim 64, group 4; SmolLM2-135M:
 # 64, 3), by name, for the sm_90 compile test; any other shape is built on first use.
-decode_kernel_llama32 = decode_kernel(64, 4, 16)
-decode_kernel_smollm2 = decode_kernel(64, 3, 16)
+decode_kernel_llama32 = decode_kernel(64, 4, 16, tensor_cores=False)
+decode_kernel_smollm2 = decode_kernel(64, 3, 16, tensor_cores=False)
+decode_kernel_llama32_tc = decode_kernel(64, 4, 16, tensor_cores=True)
 SIGNATURES = {
     "decode_kernel_llama32": [f"void({_ARGS})"],
     "decode_kernel_smollm2": [f"void({_ARGS})"],
+    "decode_kernel_llama32_tc": [f"void({_ARGS})"],
 }
 
 
@@ -562,6 +772,7 @@ def decode_attention(
     *,
     counters=None,
     min_split_tiles: int = 0,
+    tensor_cores: bool | None = None,
 ) -> None:
     """out [T, nh * hd] bf16: attention of the query row of each of num_seqs sequences that
     has exactly one this step (the others are left to prefill_attention).
@@ -571,6 +782,7 @@ def decode_attention(
     counter_size(...) elements, ZERO when first used (the kernel leaves it zero again, so the
     same array serves every later launch and graph replay). All three may be any array of their
     dtype when num_splits is 1. min_split_tiles: the smallest busy split (0: MIN_SPLIT_TILES).
+    tensor_cores: the mma walk (None: TENSOR_CORES where the shape fits).
     """
     if num_seqs == 0:
         return
@@ -585,7 +797,7 @@ def decode_attention(
         counters = seq_lens  # any int32 array: a one-split launch never counts
     # Four bf16 per 8-byte load: the same bytes, viewed as flat uint64 words (no copy).
     k64, v64 = k_cache.view(np.uint64).reshape(-1), v_cache.view(np.uint64).reshape(-1)
-    kernel = decode_kernel(hd, group, block_size, min_split_tiles)
+    kernel = decode_kernel(hd, group, block_size, min_split_tiles, tensor_cores)
     kernel[(num_seqs, nkv, num_splits), NTHREADS, stream](
         qkv, k64, v64, block_tables, block_table_stride, query_start_loc, seq_lens,
         float(scale), num_splits, nkv, out, part_acc, part_ml, counters,
