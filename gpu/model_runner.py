@@ -190,8 +190,6 @@ class ModelRunner:
         self.executor = executor
         self.block_size = block_size
         self.table_rows = table_rows  # the block manager's: read, never written, here
-        # An executor with only execute() (a test stub, a wrapper) computes at launch.
-        self._launch = getattr(executor, "launch", None)
 
     def launch(self, sched: SchedulerOutput) -> tuple[list[Sequence], StepResult, SamplingMetadata]:
         """Build and start the step; returns the sequences that sample (in row order), the
@@ -201,6 +199,9 @@ class ModelRunner:
             md = SamplingMetadata.greedy(0)
         else:
             md = build_sampling_metadata(sampled)
-        if self._launch is not None:
-            return sampled, self._launch(batch, md), md
+        # An executor with only execute() (a test stub, a wrapper) computes at launch. Looked
+        # up each step: a test may wrap the executor after the runner is built.
+        launch = getattr(self.executor, "launch", None)
+        if launch is not None:
+            return sampled, launch(batch, md), md
         return sampled, ReadyResult(self.executor.execute(batch, md)), md

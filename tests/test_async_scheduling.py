@@ -27,16 +27,16 @@ from gpu.sampling_params import RequestOutputKind
 
 
 class LaunchSpy:
-    """Wraps a runner's launch: counts token rows read from the step in flight, and the rows
+    """Wraps the executor's launch: counts token rows read from the step in flight, and the rows
     each request sampled (by its seed, which the tests make unique)."""
 
     def __init__(self, engine, fail_at: int | None = None, fail_result_at: int | None = None):
-        self.launch = engine.runner._launch
+        self.launch = engine.runner.executor.launch
         self.in_flight_rows = 0
         self.launches = 0
         self.rows_by_seed: dict[int, int] = {}
         self.fail_at, self.fail_result_at = fail_at, fail_result_at
-        engine.runner._launch = self
+        engine.runner.executor.launch = self  # the runner looks it up every step
 
     def __call__(self, batch, metadata):
         self.launches += 1
