@@ -11,15 +11,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from engine_helpers import tiny_config
+from kernel_helpers import gpu_code_path
 
 from gpu import EngineConfig, SamplingParams
 from gpu.backends.cpu import CpuBackend
 from gpu.backends.cuda import CudaBackend
+from gpu.kernels import attention_decode
 from gpu.kernels.bf16 import round_to_bf16
 from gpu.loader import build_engine
 from gpu.model_weights import random_hf_tensors
-
-GREEDY = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
 
 
 def _engines(config, **engine_args):
@@ -62,13 +62,33 @@ def test_engine_steps_match_the_cpu_backend(gqa, budget, prompts):
         num_hidden_layers=1, num_attention_heads=2 * gqa, num_key_value_heads=2, head_dim=16,
         hidden_size=48, intermediate_size=64, vocab_size=96,
     )  # fmt: skip
+    _compare_steps(config, prompts, block_size=4, budget=budget, max_tokens=3)
+
+
+def test_engine_steps_with_the_tensor_core_decode(monkeypatch):
+    """head_dim 64 and GQA 4 (Llama-3.2-1B's attention shape), the decode attention on its
+    tensor-core walk (in the simulator: mma.py's twin, and the GPU path's shuffles)."""
+    monkeypatch.setattr(attention_decode, "TENSOR_CORES", True)
+    config = tiny_config(
+        num_hidden_layers=1, num_attention_heads=8, num_key_value_heads=2, head_dim=64,
+        hidden_size=128, intermediate_size=64, vocab_size=96,
+    )  # fmt: skip
+    with gpu_code_path(attention_decode):
+        _compare_steps(config, PROMPTS, block_size=16, budget=8, max_tokens=6)
+
+
+def _compare_steps(config, prompts, block_size: int, budget: int, max_tokens: int) -> None:
+    """Both backends step the same requests: every sampling step's logits agree to 2e-2 of
+    their largest, and the greedy tokens are the same."""
     cpu, gpu = _engines(
-        config, block_size=4, num_kv_blocks=24, max_num_batched_tokens=budget, max_num_seqs=3
-    )
+        config, block_size=block_size, num_kv_blocks=24, max_num_batched_tokens=budget,
+        max_num_seqs=3,
+    )  # fmt: skip
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     for engine in (cpu, gpu):
         engine.runner.executor = RecordRows(engine.runner.executor)
         for p in prompts:
-            engine.add_request(p, GREEDY)
+            engine.add_request(p, params)
     finished: list[dict] = [{}, {}]
     steps = compared = 0
     while cpu.has_unfinished_requests() or gpu.has_unfinished_requests():
