@@ -138,18 +138,20 @@ The tensor-core walk (sixth session; $TINYCHAT_DECODE_TENSOR_CORES=1, off by def
 measured). With the indexing fixed, the FFMA walk is still ~900 instructions per warp and 16
 tokens, 256 of them FFMAs: 4 per KV bf16 and query head at GQA 4. tensor_core_walk (head_dim 64,
 group <= 8) gives the products to the tensor cores through mma.py: per warp and 16 tokens, 8
-mma for S = Q K^T (the A operand Q holds the group's heads in rows 0..group-1 of 16, so most
-of each mma is padding, which costs nothing that matters here) and 8 for O += P V, whose A
-operand is S's accumulator fragment as it comes out, rounded to bf16: no shuffle, no shared
-memory between the two products. The row max takes 2 xor shuffles, the exponentials 4 MUFU.
-The operands' fragments come straight from global memory: for K, 32 contiguous bytes of the
-row per lane (the k index of the product is permuted, the same way for Q, so a lane's four k
-slots are four adjacent dimensions); for V, 16 contiguous bytes of four tokens, paired bf16 by
-bf16 into the B fragments. ptxas, sm_90: the loop is 296 instructions per 16 tokens (16 HMMA,
-17 LDG) against the FFMA walk's 905, 114 registers, no spill. Its numerics: q and P in bf16
-(as flash attention and transformers' bf16 attention), so outputs differ from the fp32 twin by
-up to ~2^-8 of the values' scale (the test's tolerance); the simulator runs it through mma.py's
-twin of the instruction.
+mma for S = Q K^T (A = Q: the group's heads in rows 0-7 of 16) and 8 for O += P V, whose A
+operand is S's accumulator fragment as it comes out: no shuffle, no shared memory between the
+two products. The row max takes 2 xor shuffles, the exponentials 4 MUFU. The fragments come
+straight from global memory: for K, 32 contiguous bytes of the row per lane (the k index of the
+product is permuted, the same way for Q, so a lane's four k slots are four adjacent
+dimensions); for V, 16 contiguous bytes of four tokens, paired bf16 by bf16 into the B
+fragments.
+
+Precision: a bf16 q would cost ~2^-9 of every score, a bf16 P as much of every weight (outputs
+off by up to ~1e-2 on the tests' data). Both are split into two bf16, hi + lo, and the lo parts
+ride in rows 8-15 of the A operand, which GQA leaves empty: rows g and g + 8 of the result add
+up to fp32-accurate products at no extra mma, and the walk meets the FFMA walk's tolerance.
+ptxas, sm_90: 352 loop instructions per 16 tokens (16 HMMA, 17 LDG) against the FFMA walk's
+905, 112 registers, no spill. The simulator runs it through mma.py's twin of the instruction.
 
 Tried and dropped (issue 5, third session): issuing the next tile's K loads during this tile's
 softmax and P @ V, and its V loads during the next scores, in the same registers. ptxas then
@@ -176,10 +178,10 @@ import functools
 import math
 
 import numpy as np
-from numba import cuda, float32, int32, int64, uint32, uint64
+from numba import cuda, float32, int32, int64, uint16, uint32, uint64
 
 from gpu.kernels import launch, mma
-from gpu.kernels.bf16 import bf16_of_word, f32_to_bf16
+from gpu.kernels.bf16 import bf16_of_word, bf16_to_f32, f32_to_bf16
 from gpu.kernels.launch import SIMULATOR, cdiv, device_function, env_choice, threads
 from gpu.kernels.pdl import grid_dependency_sync
 
@@ -429,10 +431,12 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int, ten
         (words 2g, 2g+1) of its four tokens (2c, 2c+1, 8+2c, 9+2c) and pairs their bf16; D
         holds O[head g, dimensions 16c + j and 16c + 8 + j]. The softmax is online per warp
         (the row max of head g over 2 lanes' xor shuffles); warps merge like token slots."""
-        qa = cuda.local.array(8, uint32)
+        qa = cuda.local.array(16, uint32)
         kk = cuda.local.array(8, uint64)  # 2 tokens x words 4c .. 4c+3
         vv = cuda.local.array(8, uint64)  # 4 tokens x words 2g, 2g+1
         sc = cuda.local.array(4, float32)
+        ph = cuda.local.array(4, uint16)
+        pl = cuda.local.array(4, uint16)
         o = cuda.local.array(16, float32)
         vt = cuda.local.array(4, int64)
         tid = cuda.threadIdx.x
@@ -441,20 +445,25 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int, ten
         c = tid % 4
         last = end - 1
         zero = uint32(0)
-        for i in range(4):  # Q fragments, scaled to log2 units and rounded to bf16
-            lo = zero
-            hi = zero
-            if g < group:
-                col = (kvh * group + g) * head_dim + 16 * c + 4 * i
-                lo = mma.pack_bf16x2(
-                    f32_to_bf16(qkv[row, col] * qscale), f32_to_bf16(qkv[row, col + 1] * qscale)
-                )
-                hi = mma.pack_bf16x2(
-                    f32_to_bf16(qkv[row, col + 2] * qscale),
-                    f32_to_bf16(qkv[row, col + 3] * qscale),
-                )
-            qa[2 * i] = lo
-            qa[2 * i + 1] = hi
+        # Q fragments, scaled to log2 units, split q = hi + lo into two bf16: hi in row g, lo
+        # in row g + 8 (padding otherwise), so S's rows g and g + 8 add up to fp32-accurate
+        # scores (bf16 q alone would cost ~2^-9 of each score) at no extra mma.
+        for i in range(4):
+            for e in range(2):  # dimensions +0, +1 (a0, a1) and +2, +3 (a2, a3)
+                hi = zero
+                lo = zero
+                if g < group:
+                    col = (kvh * group + g) * head_dim + 16 * c + 4 * i + 2 * e
+                    x0 = qkv[row, col] * qscale
+                    x1 = qkv[row, col + 1] * qscale
+                    h0 = f32_to_bf16(x0)
+                    h1 = f32_to_bf16(x1)
+                    hi = mma.pack_bf16x2(h0, h1)
+                    lo = mma.pack_bf16x2(
+                        f32_to_bf16(x0 - bf16_to_f32(h0)), f32_to_bf16(x1 - bf16_to_f32(h1))
+                    )
+                qa[4 * i + 2 * e] = hi
+                qa[4 * i + 2 * e + 1] = lo
         for j in range(16):
             o[j] = float32(0.0)
         m = NEG_INF
@@ -495,16 +504,17 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int, ten
             for n in range(2):
                 s0 = float32(0.0)
                 s1 = float32(0.0)
+                s2 = float32(0.0)
+                s3 = float32(0.0)
                 for i in range(4):
                     w = kk[4 * n + i]
-                    s0, s1, _, _ = mma.mma_m16n8k16(
-                        fa, fb, fc, qa[2 * i], zero, qa[2 * i + 1], zero,
-                        uint32(w & LOW32), uint32(w >> HIGH_SHIFT), s0, s1,
-                        float32(0.0), float32(0.0),
+                    s0, s1, s2, s3 = mma.mma_m16n8k16(
+                        fa, fb, fc, qa[4 * i], qa[4 * i + 1], qa[4 * i + 2], qa[4 * i + 3],
+                        uint32(w & LOW32), uint32(w >> HIGH_SHIFT), s0, s1, s2, s3,
                     )  # fmt: skip
                 t = base + 8 * n + 2 * c
-                sc[2 * n] = s0 if t < end else NEG_INF
-                sc[2 * n + 1] = s1 if t + 1 < end else NEG_INF
+                sc[2 * n] = s0 + s2 if t < end else NEG_INF  # q's hi and lo rows
+                sc[2 * n + 1] = s1 + s3 if t + 1 < end else NEG_INF
             top = max(max(sc[0], sc[1]), max(sc[2], sc[3]))
             top = max(top, cuda.shfl_xor_sync(FULL_MASK, top, 1))
             top = max(top, cuda.shfl_xor_sync(FULL_MASK, top, 2))
@@ -518,8 +528,14 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int, ten
             for k in range(4):
                 sc[k] = math.exp2(sc[k] - shift)  # p; 0 where masked
                 lpart += sc[k]
-            pa0 = mma.pack_bf16x2(f32_to_bf16(sc[0]), f32_to_bf16(sc[1]))
-            pa2 = mma.pack_bf16x2(f32_to_bf16(sc[2]), f32_to_bf16(sc[3]))
+            # P = hi + lo in bf16, hi in row g and lo in row g + 8, as for q.
+            for k in range(4):
+                ph[k] = f32_to_bf16(sc[k])
+                pl[k] = f32_to_bf16(sc[k] - bf16_to_f32(ph[k]))
+            pa0 = mma.pack_bf16x2(ph[0], ph[1])
+            pa1 = mma.pack_bf16x2(pl[0], pl[1])
+            pa2 = mma.pack_bf16x2(ph[2], ph[3])
+            pa3 = mma.pack_bf16x2(pl[2], pl[3])
             # O += P V: output tile j holds dimensions 8 g' + j of column g'.
             for j in range(8):
                 half = uint64(16 * (j % 4))
@@ -530,10 +546,12 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int, ten
                 b1 = uint32((vv[4 + word] >> half) & LOW16) | (
                     uint32((vv[6 + word] >> half) & LOW16) << uint32(16)
                 )
-                o[2 * j], o[2 * j + 1], _, _ = mma.mma_m16n8k16(
-                    fa, fb, fc, pa0, zero, pa2, zero, b0, b1, o[2 * j], o[2 * j + 1],
+                d0, d1, d2, d3 = mma.mma_m16n8k16(
+                    fa, fb, fc, pa0, pa1, pa2, pa3, b0, b1, o[2 * j], o[2 * j + 1],
                     float32(0.0), float32(0.0),
                 )  # fmt: skip
+                o[2 * j] = d0 + d2  # P's hi and lo rows
+                o[2 * j + 1] = d1 + d3
         # The row sum over the 4 lanes of head g; warps merge like token slots.
         lpart += cuda.shfl_xor_sync(FULL_MASK, lpart, 1)
         lpart += cuda.shfl_xor_sync(FULL_MASK, lpart, 2)
