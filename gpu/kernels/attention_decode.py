@@ -178,7 +178,7 @@ import functools
 import math
 
 import numpy as np
-from numba import cuda, float32, int32, int64, uint16, uint32, uint64
+from numba import cuda, float32, int32, uint16, uint32, uint64
 
 from gpu.kernels import launch, mma
 from gpu.kernels.bf16 import bf16_of_word, bf16_to_f32, f32_to_bf16
@@ -296,7 +296,6 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int, ten
     nslots = nwarps if tensor_cores else slots  # the partial results merged at the end
     one_block = block_size % 16 == 0  # a warp's 16 tokens lie in one cache block
     fa_shape, fb_shape, fc_shape = mma.scratch_shapes(simulated)
-    u_head_words = np.uint64(head_dim // 4)
 
     @device_function
     def ffma_walk(
@@ -438,7 +437,6 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int, ten
         ph = cuda.local.array(4, uint16)
         pl = cuda.local.array(4, uint16)
         o = cuda.local.array(16, float32)
-        vt = cuda.local.array(4, int64)
         tid = cuda.threadIdx.x
         wid = tid // 32
         g = (tid % 32) // 4
@@ -468,38 +466,30 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int, ten
             o[j] = float32(0.0)
         m = NEG_INF
         lpart = float32(0.0)
-        row_words = uint64(num_kv_heads) * u_head_words
-        k_words = uint64(kvh) * u_head_words + uint64(4 * c)
-        v_words = uint64(kvh) * u_head_words + uint64(2 * g)
+        row_words = uint64(num_kv_heads) * u_words
+        k_words = uint64(kvh) * u_words + uint64(4 * c)
+        v_words = uint64(kvh) * u_words + uint64(2 * g)
         for t0 in range(start, end, tile):
             base = t0 + 16 * wid
-            for n in range(4):  # V's tokens: 2c, 2c+1, 8+2c, 9+2c
-                vt[n] = base + 8 * (n // 2) + 2 * c + n % 2
-            if one_block:  # the warp's 16 tokens share one block: one lookup
-                blk = block_tables[table + uint64(min(base, last)) // u_block_size]
-                for n in range(2):
-                    off = uint64(min(base + 8 * n + g, last)) % u_block_size
-                    word = (uint64(blk) * u_block_size + off) * row_words + k_words
-                    for i in range(4):
-                        kk[4 * n + i] = k_cache[word + uint64(i)]
-                for n in range(4):
-                    off = uint64(min(vt[n], last)) % u_block_size
-                    word = (uint64(blk) * u_block_size + off) * row_words + v_words
-                    vv[2 * n] = v_cache[word]
-                    vv[2 * n + 1] = v_cache[word + uint64(1)]
-            else:
-                for n in range(2):
+            # With blocks of a multiple of 16 tokens the warp's 16 share one: one lookup.
+            shared_block = int32(0)
+            if one_block:
+                shared_block = block_tables[table + uint64(min(base, last)) // u_block_size]
+            for n in range(6):  # K: tokens g, 8+g; V: tokens 2c, 2c+1, 8+2c, 9+2c
+                if n < 2:
                     t = uint64(min(base + 8 * n + g, last))
-                    kb = block_tables[table + t // u_block_size]
-                    word = (uint64(kb) * u_block_size + t % u_block_size) * row_words + k_words
+                else:
+                    t = uint64(min(base + 8 * ((n - 2) // 2) + 2 * c + n % 2, last))
+                blk = shared_block
+                if not one_block:
+                    blk = block_tables[table + t // u_block_size]
+                word = (uint64(blk) * u_block_size + t % u_block_size) * row_words
+                if n < 2:
                     for i in range(4):
-                        kk[4 * n + i] = k_cache[word + uint64(i)]
-                for n in range(4):
-                    t = uint64(min(vt[n], last))
-                    vb = block_tables[table + t // u_block_size]
-                    word = (uint64(vb) * u_block_size + t % u_block_size) * row_words + v_words
-                    vv[2 * n] = v_cache[word]
-                    vv[2 * n + 1] = v_cache[word + uint64(1)]
+                        kk[4 * n + i] = k_cache[word + k_words + uint64(i)]
+                else:
+                    vv[2 * (n - 2)] = v_cache[word + v_words]
+                    vv[2 * (n - 2) + 1] = v_cache[word + v_words + uint64(1)]
             # S = Q K^T, two n-tiles of 8 tokens; tokens past the end are masked.
             for n in range(2):
                 s0 = float32(0.0)
@@ -540,12 +530,8 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int, ten
             for j in range(8):
                 half = uint64(16 * (j % 4))
                 word = j // 4
-                b0 = uint32((vv[word] >> half) & LOW16) | (
-                    uint32((vv[2 + word] >> half) & LOW16) << uint32(16)
-                )
-                b1 = uint32((vv[4 + word] >> half) & LOW16) | (
-                    uint32((vv[6 + word] >> half) & LOW16) << uint32(16)
-                )
+                b0 = mma.pack_bf16x2((vv[word] >> half) & LOW16, (vv[2 + word] >> half) & LOW16)
+                b1 = mma.pack_bf16x2((vv[4 + word] >> half) & LOW16, (vv[6 + word] >> half) & LOW16)
                 d0, d1, d2, d3 = mma.mma_m16n8k16(
                     fa, fb, fc, pa0, pa1, pa2, pa3, b0, b1, o[2 * j], o[2 * j + 1],
                     float32(0.0), float32(0.0),

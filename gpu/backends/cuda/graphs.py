@@ -115,36 +115,27 @@ def programmatic_edges(graph, port: int = PDL) -> int:
     if port == 0 or not device_supports_pdl():
         return 0
     src, dst, data = _edges(graph)
-    names: dict[int, bytes | None] = {}
-
-    def name(node) -> bytes | None:
-        key = int(node)
-        if key not in names:
-            names[key] = _kernel_name(node)
-        return names[key]
-
+    names = {int(node): _kernel_name(node) for node in src + dst}
     picked = [
         i
         for i in range(len(src))
         if data[i].type == drv.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_DEFAULT
-        and name(src[i]) is not None
-        and waits_for_predecessor(name(dst[i]) or b"")
+        and names[int(src[i])] is not None
+        and waits_for_predecessor(names[int(dst[i])] or b"")
     ]
     if not picked:
         return 0
     froms, tos = [src[i] for i in picked], [dst[i] for i in picked]
     remove = getattr(drv, "cuGraphRemoveDependencies_v2", drv.cuGraphRemoveDependencies)
     _check(remove(graph, froms, tos, [data[i] for i in picked], len(picked)))
-    new = []
-    for _ in picked:
-        edge = drv.CUgraphEdgeData()
-        edge.type = drv.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC
-        edge.from_port = (
-            drv.CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER
-            if port == 2
-            else drv.CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC
-        )
-        new.append(edge)
+    edge = drv.CUgraphEdgeData()
+    edge.type = drv.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC
+    edge.from_port = (
+        drv.CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER
+        if port == 2
+        else drv.CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC
+    )
+    new = [edge] * len(picked)  # the driver copies each entry
     add = getattr(drv, "cuGraphAddDependencies_v2", drv.cuGraphAddDependencies)
     try:
         _check(add(graph, froms, tos, new, len(picked)))
