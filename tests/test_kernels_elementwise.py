@@ -201,10 +201,11 @@ def test_row_threads_give_about_eight_elements_a_thread():
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast")  # simulator: f64 -> f32
-@pytest.mark.parametrize("rows", [1, 3])
-def test_silu_mul(rows):
+@pytest.mark.parametrize("rows, inter", [(1, 50), (3, 50), (2, 300)])
+def test_silu_mul(rows, inter):
+    """inter 300: several blocks a row (the simulator's 32 threads x PER 4 = 128 elements a
+    block), the last one part-filled."""
     rng, seed = fresh_rng()
-    inter = 50
     gate_up = (rng.standard_normal((rows, 2 * inter)) * 4).astype(np.float32)
     gate_up[0, :3] = [-200.0, 0.0, 90.0]  # exp overflow gives -0, as in numpy
     out = poisoned((rows, inter), np.uint16)
