@@ -131,11 +131,12 @@ the 16 loads). The cache is now passed as flat uint64 words and indexed with uns
 arithmetic whose factors are constants of the build (block size, words per row; the number of
 KV heads is an argument): one product per token, the same word index for K and V. The loop is
 901 instructions (FFMA 256, FADD 84, FMUL 76, SHFL 48, MUFU 20, LDG 20; the bf16 unpacking is
-~64 of the rest), and the 40-byte spill is gone. What this buys at batch 64 / 256 was not
-measured in the session that made it (no device time left): the first thing to measure.
+~64 of the rest), and the 40-byte spill is gone. Measured on the H200 (seventh session, cold
+KV, `bench_kernels.py`): batch 64 / context 1,024 55.3 us (was 74-77: 2.43 TB/s of KV), batch
+256 / context 512 111.5 us (was 145-154); batch 1 unchanged (8.6 us at context 32).
 
-The tensor-core walk (sixth session; $TINYCHAT_DECODE_TENSOR_CORES=1, off by default until
-measured). With the indexing fixed, the FFMA walk is still ~900 instructions per warp and 16
+The tensor-core walk (sixth session; the default since the seventh, where the shape fits;
+$TINYCHAT_DECODE_TENSOR_CORES=0 falls back to the FFMA walk). With the indexing fixed, the FFMA walk is still ~900 instructions per warp and 16
 tokens, 256 of them FFMAs: 4 per KV bf16 and query head at GQA 4. tensor_core_walk (head_dim 64,
 group <= 8) gives the products to the tensor cores through mma.py: per warp and 16 tokens, 8
 mma for S = Q K^T (A = Q: the group's heads in rows 0-7 of 16) and 8 for O += P V, whose A
@@ -152,6 +153,11 @@ ride in rows 8-15 of the A operand, which GQA leaves empty: rows g and g + 8 of 
 up to fp32-accurate products at no extra mma, and the walk meets the FFMA walk's tolerance.
 ptxas, sm_90: 352 loop instructions per 16 tokens (16 HMMA, 17 LDG) against the FFMA walk's
 905, 112 registers, no spill. The simulator runs it through mma.py's twin of the instruction.
+Measured on the H200 (seventh session, same call, FFMA walk -> tensor cores, cold KV): batch 64
+/ context 1,024 55.3 -> 45.5 us (2.95 TB/s), batch 256 / context 512 111.5 -> 96.4 us, batch 8
+/ context 1,024 23.5 -> 22.3, batch 1 the same within 0.4 us (latency-bound); `tinychat bench
+decode`: batch 1 1,056 -> 1,071 tok/s, batch 64 47,475 -> 48,603, batch 256 107,978 -> 111,392.
+The FFMA walk stays for every other shape (head_dim 128, groups above 8).
 
 Tried and dropped (issue 5, third session): issuing the next tile's K loads during this tile's
 softmax and P @ V, and its V loads during the next scores, in the same registers. ptxas then
@@ -220,9 +226,9 @@ UNROLL = _unroll()
 # (no partials, no merge), $TINYCHAT_DECODE_MIN_SPLIT_TILES or 2.
 DEFAULT_MIN_SPLIT_TILES = 2
 MIN_SPLIT_TILES = env_choice(MIN_SPLIT_TILES_ENV, DEFAULT_MIN_SPLIT_TILES, range(1, 65))
-# The tensor-core walk (tensor_core_walk, mma.py) where the shape fits, with
-# $TINYCHAT_DECODE_TENSOR_CORES = 1. Off by default until measured on the H200.
-TENSOR_CORES = env_choice(TENSOR_CORES_ENV, 0, (0, 1)) == 1
+# The tensor-core walk (tensor_core_walk, mma.py) where the shape fits, unless
+# $TINYCHAT_DECODE_TENSOR_CORES = 0 (measured faster on the H200, seventh session).
+TENSOR_CORES = env_choice(TENSOR_CORES_ENV, 1, (0, 1)) == 1
 
 _ARGS = (
     "float32[:, ::1], uint64[::1], uint64[::1], int32[::1], int32[::1], int32[::1], int32[::1],"
