@@ -136,16 +136,15 @@ KV, `bench_kernels.py`): batch 64 / context 1,024 55.3 us (was 74-77: 2.43 TB/s 
 256 / context 512 111.5 us (was 145-154); batch 1 unchanged (8.6 us at context 32).
 
 The tensor-core walk (sixth session; the default since the seventh, where the shape fits;
-$TINYCHAT_DECODE_TENSOR_CORES=0 falls back to the FFMA walk). With the indexing fixed, the FFMA walk is still ~900 instructions per warp and 16
-tokens, 256 of them FFMAs: 4 per KV bf16 and query head at GQA 4. tensor_core_walk (head_dim 64,
-group <= 8) gives the products to the tensor cores through mma.py: per warp and 16 tokens, 8
-mma for S = Q K^T (A = Q: the group's heads in rows 0-7 of 16) and 8 for O += P V, whose A
-operand is S's accumulator fragment as it comes out: no shuffle, no shared memory between the
-two products. The row max takes 2 xor shuffles, the exponentials 4 MUFU. The fragments come
-straight from global memory: for K, 32 contiguous bytes of the row per lane (the k index of the
-product is permuted, the same way for Q, so a lane's four k slots are four adjacent
-dimensions); for V, 16 contiguous bytes of four tokens, paired bf16 by bf16 into the B
-fragments.
+$TINYCHAT_DECODE_TENSOR_CORES=0 falls back to the FFMA walk). With the indexing fixed, the FFMA walk
+is still ~900 instructions per warp and 16 tokens, 256 of them FFMAs: 4 per KV bf16 and query head
+at GQA 4. tensor_core_walk (head_dim 64, group <= 8) gives the products to the tensor cores through
+mma.py: per warp and 16 tokens, 8 mma for S = Q K^T (A = Q: the group's heads in rows 0-7 of 16) and
+8 for O += P V, whose A operand is S's accumulator fragment as it comes out: no shuffle, no shared
+memory between the two products. The row max takes 2 xor shuffles, the exponentials 4 MUFU. The
+fragments come straight from global memory: for K, 32 contiguous bytes of the row per lane (the k
+index of the product is permuted, the same way for Q, so a lane's four k slots are four adjacent
+dimensions); for V, 16 contiguous bytes of four tokens, paired bf16 by bf16 into the B fragments.
 
 Precision: a bf16 q would cost ~2^-9 of every score, a bf16 P as much of every weight (outputs
 off by up to ~1e-2 on the tests' data). Both are split into two bf16, hi + lo, and the lo parts
@@ -229,6 +228,9 @@ MIN_SPLIT_TILES = env_choice(MIN_SPLIT_TILES_ENV, DEFAULT_MIN_SPLIT_TILES, range
 # The tensor-core walk (tensor_core_walk, mma.py) where the shape fits, unless
 # $TINYCHAT_DECODE_TENSOR_CORES = 0 (measured faster on the H200, seventh session).
 TENSOR_CORES = env_choice(TENSOR_CORES_ENV, 1, (0, 1)) == 1
+# The tensor-core walk issues the next tile's loads before computing this one's (two tiles of
+# K and V in flight a warp, 32 more registers), with $TINYCHAT_DECODE_PREFETCH = 1.
+PREFETCH = env_choice("TINYCHAT_DECODE_PREFETCH", 0, (0, 1)) == 1
 
 _ARGS = (
     "float32[:, ::1], uint64[::1], uint64[::1], int32[::1], int32[::1], int32[::1], int32[::1],"
@@ -252,16 +254,20 @@ def tile_tokens(head_dim: int) -> int:
 
 def decode_kernel(
     head_dim: int, group: int, block_size: int, min_split_tiles: int = 0,
-    tensor_cores: bool | None = None,
+    tensor_cores: bool | None = None, prefetch: bool | None = None,
 ):  # fmt: skip
     """The split-KV decode kernel (merge included) specialised for (head_dim, group,
     block_size, min_split_tiles; 0: MIN_SPLIT_TILES, tensor_cores; None: TENSOR_CORES where
-    the shape allows), built once per configuration."""
+    the shape allows, prefetch: the tensor-core walk's next-tile loads; None: PREFETCH), built
+    once per configuration."""
     if tensor_cores is None:
         tensor_cores = TENSOR_CORES and tensor_cores_fit(head_dim, group)
     if tensor_cores and not tensor_cores_fit(head_dim, group):
         raise ValueError(f"the tensor-core decode needs head_dim 64, group <= 8: {head_dim}")
-    return _build(head_dim, group, block_size, min_split_tiles or MIN_SPLIT_TILES, tensor_cores)
+    prefetch = PREFETCH if prefetch is None else prefetch
+    return _build(
+        head_dim, group, block_size, min_split_tiles or MIN_SPLIT_TILES, tensor_cores, prefetch
+    )
 
 
 def tensor_cores_fit(head_dim: int, group: int) -> bool:
@@ -271,7 +277,10 @@ def tensor_cores_fit(head_dim: int, group: int) -> bool:
 
 
 @functools.cache
-def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int, tensor_cores: bool):
+def _build(
+    head_dim: int, group: int, block_size: int, min_split_tiles: int, tensor_cores: bool,
+    prefetch: bool,
+):  # fmt: skip
     check_shape(head_dim, group)
     # launch.SIMULATOR, not this module's SIMULATOR: the tests turn the latter off to run the
     # GPU code path in the simulator, which still cannot compile a real kernel.
@@ -421,6 +430,36 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int, ten
         cuda.syncthreads()
 
     @device_function
+    def tc_tile_loads(
+        base, last, block_tables, table, k_cache, v_cache, row_words, k_words, v_words, kk, vv,
+    ):  # fmt: skip
+        """A warp's 16 tokens from `base` (clamped to `last`): this lane's K words (tokens g,
+        8 + g: words 4c .. 4c + 3) into kk, its V words (tokens 2c, 2c + 1, 8 + 2c, 9 + 2c:
+        words 2g, 2g + 1) into vv, all issued back to back."""
+        tid = cuda.threadIdx.x
+        g = (tid % 32) // 4
+        c = tid % 4
+        # With blocks of a multiple of 16 tokens the warp's 16 share one: one lookup.
+        shared_block = int32(0)
+        if one_block:
+            shared_block = block_tables[table + uint64(min(base, last)) // u_block_size]
+        for n in range(6):
+            if n < 2:
+                t = uint64(min(base + 8 * n + g, last))
+            else:
+                t = uint64(min(base + 8 * ((n - 2) // 2) + 2 * c + n % 2, last))
+            blk = shared_block
+            if not one_block:
+                blk = block_tables[table + t // u_block_size]
+            word = (uint64(blk) * u_block_size + t % u_block_size) * row_words
+            if n < 2:
+                for i in range(4):
+                    kk[4 * n + i] = k_cache[word + k_words + uint64(i)]
+            else:
+                vv[2 * (n - 2)] = v_cache[word + v_words]
+                vv[2 * (n - 2) + 1] = v_cache[word + v_words + uint64(1)]
+
+    @device_function
     def tensor_core_walk(
         qkv, k_cache, v_cache, block_tables, table, row, kvh, start, end, qscale, num_kv_heads,
         m_sh, l_sh, acc_sh, fa, fb, fc,
@@ -439,6 +478,8 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int, ten
         qa = cuda.local.array(16, uint32)
         kk = cuda.local.array(8, uint64)  # 2 tokens x words 4c .. 4c+3
         vv = cuda.local.array(8, uint64)  # 4 tokens x words 2g, 2g+1
+        nk = cuda.local.array(8, uint64)  # PREFETCH: the next tile's, in flight
+        nv = cuda.local.array(8, uint64)
         sc = cuda.local.array(4, float32)
         ph = cuda.local.array(4, uint16)
         pl = cuda.local.array(4, uint16)
@@ -475,27 +516,27 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int, ten
         row_words = uint64(num_kv_heads) * u_words
         k_words = uint64(kvh) * u_words + uint64(4 * c)
         v_words = uint64(kvh) * u_words + uint64(2 * g)
+        if prefetch:
+            tc_tile_loads(
+                start + 16 * wid, last, block_tables, table, k_cache, v_cache, row_words,
+                k_words, v_words, nk, nv,
+            )  # fmt: skip
         for t0 in range(start, end, tile):
             base = t0 + 16 * wid
-            # With blocks of a multiple of 16 tokens the warp's 16 share one: one lookup.
-            shared_block = int32(0)
-            if one_block:
-                shared_block = block_tables[table + uint64(min(base, last)) // u_block_size]
-            for n in range(6):  # K: tokens g, 8+g; V: tokens 2c, 2c+1, 8+2c, 9+2c
-                if n < 2:
-                    t = uint64(min(base + 8 * n + g, last))
-                else:
-                    t = uint64(min(base + 8 * ((n - 2) // 2) + 2 * c + n % 2, last))
-                blk = shared_block
-                if not one_block:
-                    blk = block_tables[table + t // u_block_size]
-                word = (uint64(blk) * u_block_size + t % u_block_size) * row_words
-                if n < 2:
-                    for i in range(4):
-                        kk[4 * n + i] = k_cache[word + k_words + uint64(i)]
-                else:
-                    vv[2 * (n - 2)] = v_cache[word + v_words]
-                    vv[2 * (n - 2) + 1] = v_cache[word + v_words + uint64(1)]
+            if prefetch:  # this tile's words arrived during the last; the next one's go out
+                for i in range(8):
+                    kk[i] = nk[i]
+                    vv[i] = nv[i]
+                if t0 + tile < end:
+                    tc_tile_loads(
+                        base + tile, last, block_tables, table, k_cache, v_cache, row_words,
+                        k_words, v_words, nk, nv,
+                    )  # fmt: skip
+            else:
+                tc_tile_loads(
+                    base, last, block_tables, table, k_cache, v_cache, row_words, k_words,
+                    v_words, kk, vv,
+                )  # fmt: skip
             # S = Q K^T, two n-tiles of 8 tokens; tokens past the end are masked.
             for n in range(2):
                 s0 = float32(0.0)
@@ -711,10 +752,12 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int, ten
     if simulated:
         return cuda.jit(cache=True)(kernel)
     # At most 65536 / (128 * BLOCKS_PER_SM) registers a thread (4: 128; ptxas uses 127, no
-    # spill). The on-disk cache key ignores launch bounds and closure constants: cache the
-    # default build only.
+    # spill). The on-disk cache key ignores launch bounds and module globals: cache the
+    # default build only (the tensor-core walk wherever it fits, without prefetch), the one
+    # whose start-up matters.
     default = BLOCKS_PER_SM == DEFAULT_BLOCKS_PER_SM and UNROLL == DEFAULT_UNROLL
-    default = default and min_split_tiles == DEFAULT_MIN_SPLIT_TILES and not tensor_cores
+    default = default and min_split_tiles == DEFAULT_MIN_SPLIT_TILES and not prefetch
+    default = default and tensor_cores == tensor_cores_fit(head_dim, group)
     return cuda.jit(cache=default, launch_bounds=(nthreads, BLOCKS_PER_SM))(kernel)
 
 
@@ -723,10 +766,12 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int, ten
 decode_kernel_llama32 = decode_kernel(64, 4, 16, tensor_cores=False)
 decode_kernel_smollm2 = decode_kernel(64, 3, 16, tensor_cores=False)
 decode_kernel_llama32_tc = decode_kernel(64, 4, 16, tensor_cores=True)
+decode_kernel_llama32_tc_prefetch = decode_kernel(64, 4, 16, tensor_cores=True, prefetch=True)
 SIGNATURES = {
     "decode_kernel_llama32": [f"void({_ARGS})"],
     "decode_kernel_smollm2": [f"void({_ARGS})"],
     "decode_kernel_llama32_tc": [f"void({_ARGS})"],
+    "decode_kernel_llama32_tc_prefetch": [f"void({_ARGS})"],
 }
 
 
@@ -783,6 +828,7 @@ def decode_attention(
     counters=None,
     min_split_tiles: int = 0,
     tensor_cores: bool | None = None,
+    prefetch: bool | None = None,
 ) -> None:
     """out [T, nh * hd] bf16: attention of the query row of each of num_seqs sequences that
     has exactly one this step (the others are left to prefill_attention).
@@ -792,7 +838,8 @@ def decode_attention(
     counter_size(...) elements, ZERO when first used (the kernel leaves it zero again, so the
     same array serves every later launch and graph replay). All three may be any array of their
     dtype when num_splits is 1. min_split_tiles: the smallest busy split (0: MIN_SPLIT_TILES).
-    tensor_cores: the mma walk (None: TENSOR_CORES where the shape fits).
+    tensor_cores: the mma walk (None: TENSOR_CORES where the shape fits); prefetch: its
+    next-tile loads (None: PREFETCH).
     """
     if num_seqs == 0:
         return
@@ -807,7 +854,7 @@ def decode_attention(
         counters = seq_lens  # any int32 array: a one-split launch never counts
     # Four bf16 per 8-byte load: the same bytes, viewed as flat uint64 words (no copy).
     k64, v64 = k_cache.view(np.uint64).reshape(-1), v_cache.view(np.uint64).reshape(-1)
-    kernel = decode_kernel(hd, group, block_size, min_split_tiles, tensor_cores)
+    kernel = decode_kernel(hd, group, block_size, min_split_tiles, tensor_cores, prefetch)
     kernel[(num_seqs, nkv, num_splits), NTHREADS, stream](
         qkv, k64, v64, block_tables, block_table_stride, query_start_loc, seq_lens,
         float(scale), num_splits, nkv, out, part_acc, part_ml, counters,
