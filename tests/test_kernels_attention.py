@@ -52,7 +52,7 @@ def _scaled(seq_lens, head_dim):
 
 def _run_decode(
     seq_lens, num_heads, num_kv_heads, head_dim, block_size, num_splits, launches: int = 1,
-    min_split_tiles: int = 1, tensor_cores: bool = False, prefetch: bool = False,
+    min_split_tiles: int = 1, tensor_cores: bool = False,
 ):  # fmt: skip
     """`launches` decode launches on one fresh paged case (seq_len 0: a padding row), all on
     the same counters. Checks each output against the numpy twin (zeros for padding rows), the
@@ -81,7 +81,6 @@ def _run_decode(
         decode_attention(
             *args, n, num_heads, head_dim**-0.5, out, part_acc, part_ml, num_splits,
             counters=counters, min_split_tiles=min_split_tiles, tensor_cores=tensor_cores,
-            prefetch=prefetch,
         )  # fmt: skip
         bits = synced(out)
         what = f"decode attention, launch {launch + 1}"
@@ -238,12 +237,3 @@ def test_decode_attention_tensor_cores(seq_lens, num_heads, num_kv_heads, block_
         _run_decode(
             seq_lens, num_heads, num_kv_heads, 64, block_size, num_splits, tensor_cores=True
         )
-
-
-@pytest.mark.parametrize("seq_lens, num_splits", [([49, 100, 1, 16], 1), ([100, 33], 3)])
-def test_decode_attention_tensor_cores_prefetch(seq_lens, num_splits):
-    """The walk with the next tile's loads in flight ($TINYCHAT_DECODE_PREFETCH=1): splits of
-    several tiles (the simulator's tile is 16 tokens), the last one partial, and splits of one
-    tile, where nothing is prefetched."""
-    with gpu_code_path(attention_decode):
-        _run_decode(seq_lens, 8, 2, 64, 16, num_splits, tensor_cores=True, prefetch=True)

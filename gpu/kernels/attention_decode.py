@@ -158,6 +158,14 @@ Measured on the H200 (seventh session, same call, FFMA walk -> tensor cores, col
 decode`: batch 1 1,056 -> 1,071 tok/s, batch 64 47,475 -> 48,603, batch 256 107,978 -> 111,392.
 The FFMA walk stays for every other shape (head_dim 128, groups above 8).
 
+Tried and dropped (seventh session): the tensor-core walk issuing the next tile's K and V loads
+before computing the current tile (two tiles in flight a warp; 128 registers, no spill, 422 loop
+instructions against 356). Measured on the H200 in one call, cold KV: batch 64 / context 1,024
+45.2 -> 45.9 us, batch 256 / context 512 96.7 -> 96.0, batch 1 within 0.2 us; with 3 blocks an
+SM (168 registers) 57.1 and 103.8, worse. `tinychat bench`: batch 64 48,754 -> 48,321 tok/s,
+throughput 36,922 -> 37,149: noise. More bytes in flight a warp buys nothing here; the walk is
+not waiting on one tile's latency (`bench_kernels_prefetch_ab.log`).
+
 Tried and dropped (issue 5, third session): issuing the next tile's K loads during this tile's
 softmax and P @ V, and its V loads during the next scores, in the same registers. ptxas then
 spilled 248 bytes a thread instead of 60 at the 128-register bound, and the H200 measured it
@@ -228,9 +236,6 @@ MIN_SPLIT_TILES = env_choice(MIN_SPLIT_TILES_ENV, DEFAULT_MIN_SPLIT_TILES, range
 # The tensor-core walk (tensor_core_walk, mma.py) where the shape fits, unless
 # $TINYCHAT_DECODE_TENSOR_CORES = 0 (measured faster on the H200, seventh session).
 TENSOR_CORES = env_choice(TENSOR_CORES_ENV, 1, (0, 1)) == 1
-# The tensor-core walk issues the next tile's loads before computing this one's (two tiles of
-# K and V in flight a warp, 32 more registers), with $TINYCHAT_DECODE_PREFETCH = 1.
-PREFETCH = env_choice("TINYCHAT_DECODE_PREFETCH", 0, (0, 1)) == 1
 
 _ARGS = (
     "float32[:, ::1], uint64[::1], uint64[::1], int32[::1], int32[::1], int32[::1], int32[::1],"
@@ -254,20 +259,16 @@ def tile_tokens(head_dim: int) -> int:
 
 def decode_kernel(
     head_dim: int, group: int, block_size: int, min_split_tiles: int = 0,
-    tensor_cores: bool | None = None, prefetch: bool | None = None,
+    tensor_cores: bool | None = None,
 ):  # fmt: skip
     """The split-KV decode kernel (merge included) specialised for (head_dim, group,
     block_size, min_split_tiles; 0: MIN_SPLIT_TILES, tensor_cores; None: TENSOR_CORES where
-    the shape allows, prefetch: the tensor-core walk's next-tile loads; None: PREFETCH), built
-    once per configuration."""
+    the shape allows), built once per configuration."""
     if tensor_cores is None:
         tensor_cores = TENSOR_CORES and tensor_cores_fit(head_dim, group)
     if tensor_cores and not tensor_cores_fit(head_dim, group):
         raise ValueError(f"the tensor-core decode needs head_dim 64, group <= 8: {head_dim}")
-    prefetch = PREFETCH if prefetch is None else prefetch
-    return _build(
-        head_dim, group, block_size, min_split_tiles or MIN_SPLIT_TILES, tensor_cores, prefetch
-    )
+    return _build(head_dim, group, block_size, min_split_tiles or MIN_SPLIT_TILES, tensor_cores)
 
 
 def tensor_cores_fit(head_dim: int, group: int) -> bool:
@@ -277,10 +278,7 @@ def tensor_cores_fit(head_dim: int, group: int) -> bool:
 
 
 @functools.cache
-def _build(
-    head_dim: int, group: int, block_size: int, min_split_tiles: int, tensor_cores: bool,
-    prefetch: bool,
-):  # fmt: skip
+def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int, tensor_cores: bool):
     check_shape(head_dim, group)
     # launch.SIMULATOR, not this module's SIMULATOR: the tests turn the latter off to run the
     # GPU code path in the simulator, which still cannot compile a real kernel.
@@ -478,8 +476,6 @@ def _build(
         qa = cuda.local.array(16, uint32)
         kk = cuda.local.array(8, uint64)  # 2 tokens x words 4c .. 4c+3
         vv = cuda.local.array(8, uint64)  # 4 tokens x words 2g, 2g+1
-        nk = cuda.local.array(8, uint64)  # PREFETCH: the next tile's, in flight
-        nv = cuda.local.array(8, uint64)
         sc = cuda.local.array(4, float32)
         ph = cuda.local.array(4, uint16)
         pl = cuda.local.array(4, uint16)
@@ -516,27 +512,12 @@ def _build(
         row_words = uint64(num_kv_heads) * u_words
         k_words = uint64(kvh) * u_words + uint64(4 * c)
         v_words = uint64(kvh) * u_words + uint64(2 * g)
-        if prefetch:
-            tc_tile_loads(
-                start + 16 * wid, last, block_tables, table, k_cache, v_cache, row_words,
-                k_words, v_words, nk, nv,
-            )  # fmt: skip
         for t0 in range(start, end, tile):
             base = t0 + 16 * wid
-            if prefetch:  # this tile's words arrived during the last; the next one's go out
-                for i in range(8):
-                    kk[i] = nk[i]
-                    vv[i] = nv[i]
-                if t0 + tile < end:
-                    tc_tile_loads(
-                        base + tile, last, block_tables, table, k_cache, v_cache, row_words,
-                        k_words, v_words, nk, nv,
-                    )  # fmt: skip
-            else:
-                tc_tile_loads(
-                    base, last, block_tables, table, k_cache, v_cache, row_words, k_words,
-                    v_words, kk, vv,
-                )  # fmt: skip
+            tc_tile_loads(
+                base, last, block_tables, table, k_cache, v_cache, row_words, k_words, v_words,
+                kk, vv,
+            )  # fmt: skip
             # S = Q K^T, two n-tiles of 8 tokens; tokens past the end are masked.
             for n in range(2):
                 s0 = float32(0.0)
@@ -753,10 +734,10 @@ def _build(
         return cuda.jit(cache=True)(kernel)
     # At most 65536 / (128 * BLOCKS_PER_SM) registers a thread (4: 128; ptxas uses 127, no
     # spill). The on-disk cache key ignores launch bounds and module globals: cache the
-    # default build only (the tensor-core walk wherever it fits, without prefetch), the one
-    # whose start-up matters.
+    # default build only (the tensor-core walk wherever it fits), the one whose start-up
+    # matters.
     default = BLOCKS_PER_SM == DEFAULT_BLOCKS_PER_SM and UNROLL == DEFAULT_UNROLL
-    default = default and min_split_tiles == DEFAULT_MIN_SPLIT_TILES and not prefetch
+    default = default and min_split_tiles == DEFAULT_MIN_SPLIT_TILES
     default = default and tensor_cores == tensor_cores_fit(head_dim, group)
     return cuda.jit(cache=default, launch_bounds=(nthreads, BLOCKS_PER_SM))(kernel)
 
@@ -766,12 +747,10 @@ def _build(
 decode_kernel_llama32 = decode_kernel(64, 4, 16, tensor_cores=False)
 decode_kernel_smollm2 = decode_kernel(64, 3, 16, tensor_cores=False)
 decode_kernel_llama32_tc = decode_kernel(64, 4, 16, tensor_cores=True)
-decode_kernel_llama32_tc_prefetch = decode_kernel(64, 4, 16, tensor_cores=True, prefetch=True)
 SIGNATURES = {
     "decode_kernel_llama32": [f"void({_ARGS})"],
     "decode_kernel_smollm2": [f"void({_ARGS})"],
     "decode_kernel_llama32_tc": [f"void({_ARGS})"],
-    "decode_kernel_llama32_tc_prefetch": [f"void({_ARGS})"],
 }
 
 
@@ -828,7 +807,6 @@ def decode_attention(
     counters=None,
     min_split_tiles: int = 0,
     tensor_cores: bool | None = None,
-    prefetch: bool | None = None,
 ) -> None:
     """out [T, nh * hd] bf16: attention of the query row of each of num_seqs sequences that
     has exactly one this step (the others are left to prefill_attention).
@@ -838,8 +816,7 @@ def decode_attention(
     counter_size(...) elements, ZERO when first used (the kernel leaves it zero again, so the
     same array serves every later launch and graph replay). All three may be any array of their
     dtype when num_splits is 1. min_split_tiles: the smallest busy split (0: MIN_SPLIT_TILES).
-    tensor_cores: the mma walk (None: TENSOR_CORES where the shape fits); prefetch: its
-    next-tile loads (None: PREFETCH).
+    tensor_cores: the mma walk (None: TENSOR_CORES where the shape fits).
     """
     if num_seqs == 0:
         return
@@ -854,7 +831,7 @@ def decode_attention(
         counters = seq_lens  # any int32 array: a one-split launch never counts
     # Four bf16 per 8-byte load: the same bytes, viewed as flat uint64 words (no copy).
     k64, v64 = k_cache.view(np.uint64).reshape(-1), v_cache.view(np.uint64).reshape(-1)
-    kernel = decode_kernel(hd, group, block_size, min_split_tiles, tensor_cores, prefetch)
+    kernel = decode_kernel(hd, group, block_size, min_split_tiles, tensor_cores)
     kernel[(num_seqs, nkv, num_splits), NTHREADS, stream](
         qkv, k64, v64, block_tables, block_table_stride, query_start_loc, seq_lens,
         float(scale), num_splits, nkv, out, part_acc, part_ml, counters,

@@ -105,10 +105,12 @@ def main() -> None:
     executor = engine.runner.executor
     out = os.environ.get("OUT", "/tmp")
     for batch in args.batch:
-        decode_run(engine, batch, args.prompt, 4)
+        # 16 new tokens: at batch 256 the prompts take several mixed steps, and the first
+        # sequences would finish before a pure decode step of all 256 (no graph to trace).
+        decode_run(engine, batch, args.prompt, 16)
         graph = executor.graphs[("decode", bucket_for(batch, executor.buckets), True)]
         result = summarise(trace(graph, args.reps))
-        result.update(config=args.config, batch=batch, pdl=PDL, context=args.prompt + 4)
+        result.update(config=args.config, batch=batch, pdl=PDL, context=args.prompt + 16)
         with open(os.path.join(out, f"trace_{args.config}_b{batch}_pdl{PDL}.json"), "w") as f:
             json.dump(result, f, indent=1)
         print(
