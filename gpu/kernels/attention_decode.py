@@ -430,37 +430,39 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int, ten
     @device_function
     def tc_tile_loads(
         base, last, block_tables, table, k_cache, v_cache, row_words, k_words, v_words, kk, vv,
+        blk,
     ):  # fmt: skip
         """A warp's 16 tokens from `base` (clamped to `last`): this lane's K words (tokens g,
         8 + g: words 4c .. 4c + 3) into kk, its V words (tokens 2c, 2c + 1, 8 + 2c, 9 + 2c:
-        words 2g, 2g + 1) into vv, all issued back to back."""
+        words 2g, 2g + 1) into vv, all issued back to back. With blocks of a multiple of 16
+        tokens the warp's 16 share one cache block: blk[0], looked up one tile ahead (the
+        first before the wait for the previous kernel), so no tile waits for its lookup."""
         tid = cuda.threadIdx.x
         g = (tid % 32) // 4
         c = tid % 4
-        # With blocks of a multiple of 16 tokens the warp's 16 share one: one lookup.
-        shared_block = int32(0)
-        if one_block:
-            shared_block = block_tables[table + uint64(min(base, last)) // u_block_size]
+        shared_block = blk[0]
         for n in range(6):
             if n < 2:
                 t = uint64(min(base + 8 * n + g, last))
             else:
                 t = uint64(min(base + 8 * ((n - 2) // 2) + 2 * c + n % 2, last))
-            blk = shared_block
+            cache_block = shared_block
             if not one_block:
-                blk = block_tables[table + t // u_block_size]
-            word = (uint64(blk) * u_block_size + t % u_block_size) * row_words
+                cache_block = block_tables[table + t // u_block_size]
+            word = (uint64(cache_block) * u_block_size + t % u_block_size) * row_words
             if n < 2:
                 for i in range(4):
                     kk[4 * n + i] = k_cache[word + k_words + uint64(i)]
             else:
                 vv[2 * (n - 2)] = v_cache[word + v_words]
                 vv[2 * (n - 2) + 1] = v_cache[word + v_words + uint64(1)]
+        if one_block:  # the next tile's block, while this one's words are in flight
+            blk[0] = block_tables[table + uint64(min(base + tile, last)) // u_block_size]
 
     @device_function
     def tensor_core_walk(
         qkv, k_cache, v_cache, block_tables, table, row, kvh, start, end, qscale, num_kv_heads,
-        m_sh, l_sh, acc_sh, fa, fb, fc,
+        m_sh, l_sh, acc_sh, fa, fb, fc, blk,
     ):  # fmt: skip
         """The tensor-core walk of [start, end): per warp and 16 tokens, S = Q K^T as 2 x 4
         mma (heads x 8 tokens, 16 dimensions each) and O += P V as 8 mma (heads x 8
@@ -516,7 +518,7 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int, ten
             base = t0 + 16 * wid
             tc_tile_loads(
                 base, last, block_tables, table, k_cache, v_cache, row_words, k_words, v_words,
-                kk, vv,
+                kk, vv, blk,
             )  # fmt: skip
             # S = Q K^T, two n-tiles of 8 tokens; tokens past the end are masked.
             for n in range(2):
@@ -645,6 +647,9 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int, ten
             for u in range(UNROLL):
                 t = uint64(min(start + u * slots + slot, last))
                 blk[u] = block_tables[table + t // u_block_size]
+        if ctx > 0 and tensor_cores and one_block:  # the warp's 16 tokens of the first tile
+            t = uint64(min(start + 16 * (tid // 32), last))
+            blk[0] = block_tables[table + t // u_block_size]
         grid_dependency_sync()
         if ctx == 0:  # a padding row of a captured graph: zeros, nothing read
             for o in range(tid, out_dims, nthreads):
@@ -655,7 +660,7 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int, ten
         if tensor_cores:
             tensor_core_walk(
                 qkv, k_cache, v_cache, block_tables, table, row, kvh, start, end, qscale,
-                num_kv_heads, m_sh, l_sh, acc_sh, fa, fb, fc,
+                num_kv_heads, m_sh, l_sh, acc_sh, fa, fb, fc, blk,
             )  # fmt: skip
         else:
             ffma_walk(

@@ -33,7 +33,8 @@ Shape of the work:
   norm's weights) are issued before the reduction, so they overlap it. Recomputing the norm in
   each block costs L2 reads; it saves a launch and a dependent kernel per use, which is what a
   decode step is made of.
-* Programmatic dependent launch (pdl.py): the weight loads come before grid_dependency_sync,
+* Programmatic dependent launch (pdl.py): the weight loads (and the rope epilogue's position,
+  cos / sin and slot: staged inputs and constants) come before grid_dependency_sync,
   everything that reads the previous kernel's output after it. In a batch-1 graph, whose edges
   are programmatic, the next product's weights are thus on their way while the kernel before
   it drains (sixth session: 968 -> 1,033 tok/s at batch 1, with the norm weights' preload).
@@ -231,24 +232,24 @@ def gemv_kernel(
                 c = min(tid + j * nthreads, k_words - 1)
                 for i in range(4):
                     nw[j * 4 + i] = norm_w[4 * c + i]
-        # Only the weights are read before the previous kernel has finished (pdl.py): in a
-        # graph with programmatic edges they stream while it drains.
-        grid_dependency_sync()
-
         # The epilogue's own loads, issued now so that they too arrive while the weights
-        # stream: the residual this thread adds to, or its rotation and KV slot.
+        # stream: its rotation and KV slot (staged inputs and constant tables, which no kernel
+        # writes: read before the wait), the residual this thread adds to (after it).
         out_row = tid // max_tokens  # the (row, token) whose result this thread will store
         out_t = min(tid % max_tokens, last_t)
         prior = float32(0.0)
         rc = float32(1.0)
         rs = float32(0.0)
         slot = -1
-        if epilogue == "add" and tid < nacc and base + out_row < n_w:
-            prior = out[out_t, base + out_row]
         if rope and out_row < half and base + out_row < n_w // 2:
             rc, rs, slot = rope_inputs(
                 base + out_row, out_t, positions, cos, sin, slot_mapping, rope_pairs, half_dim
             )
+        # Only what no kernel writes is read before the previous kernel has finished
+        # (pdl.py): in a graph with programmatic edges the weights stream while it drains.
+        grid_dependency_sync()
+        if epilogue == "add" and tid < nacc and base + out_row < n_w:
+            prior = out[out_t, base + out_row]
 
         if norm:  # x = bf16(residual / rms * norm_weight), each token's rows in registers
             for t in range(max_tokens):
