@@ -74,6 +74,9 @@ def test_engine_steps_with_the_tensor_core_decode(monkeypatch):
         hidden_size=128, intermediate_size=64, vocab_size=96,
     )  # fmt: skip
     with gpu_code_path(attention_decode):
+        # the engine's default build for this shape is the tensor-core one
+        default = attention_decode.decode_kernel(64, 4, 16)
+        assert default is attention_decode.decode_kernel(64, 4, 16, tensor_cores=True)
         _compare_steps(config, PROMPTS, block_size=16, budget=8, max_tokens=6)
 
 

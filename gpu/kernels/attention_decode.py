@@ -267,9 +267,10 @@ def decode_kernel(
 ):  # fmt: skip
     """The split-KV decode kernel (merge included) specialised for (head_dim, group,
     block_size, min_split_tiles; 0: MIN_SPLIT_TILES, tensor_cores; None: TENSOR_CORES where
-    the shape allows), built once per configuration."""
-    if tensor_cores is None:
-        tensor_cores = TENSOR_CORES and tensor_cores_fit(head_dim, group)
+    the shape allows, except in the simulator unless a test runs the GPU code path there),
+    built once per configuration."""
+    if tensor_cores is None:  # the walk needs warp shuffles, which the bare simulator lacks
+        tensor_cores = TENSOR_CORES and tensor_cores_fit(head_dim, group) and not SIMULATOR
     if tensor_cores and not tensor_cores_fit(head_dim, group):
         raise ValueError(f"the tensor-core decode needs head_dim 64, group <= 8: {head_dim}")
     return _build(head_dim, group, block_size, min_split_tiles or MIN_SPLIT_TILES, tensor_cores)
