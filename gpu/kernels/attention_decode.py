@@ -154,8 +154,9 @@ Precision: a bf16 q would cost ~2^-9 of every score, a bf16 P as much of every w
 off by up to ~1e-2 on the tests' data). Both are split into two bf16, hi + lo, and the lo parts
 ride in rows 8-15 of the A operand, which GQA leaves empty: rows g and g + 8 of the result add
 up to fp32-accurate products at no extra mma, and the walk meets the FFMA walk's tolerance.
-ptxas, sm_90: 352 loop instructions per 16 tokens (16 HMMA, 17 LDG) against the FFMA walk's
-905, 112 registers, no spill. The simulator runs it through mma.py's twin of the instruction.
+ptxas, sm_90: 358 loop instructions per 16 tokens (16 HMMA, 17 LDG; 352 before the block
+lookahead) against the FFMA walk's 905, 112 registers, no spill. The simulator runs it through
+mma.py's twin of the instruction.
 Measured on the H200 (seventh session, same call, FFMA walk -> tensor cores, cold KV): batch 64
 / context 1,024 55.3 -> 45.5 us (2.95 TB/s), batch 256 / context 512 111.5 -> 96.4 us, batch 8
 / context 1,024 23.5 -> 22.3, batch 1 the same within 0.4 us (latency-bound); `tinychat bench
