@@ -35,6 +35,7 @@ from gpu.kernels.attention_decode import (
     MAX_SPLITS,
     busy_splits,
     choose_num_splits,
+    choose_warp_heads_ctx,
     counter_size,
     decode_attention,
     partial_sizes,
@@ -52,7 +53,7 @@ def _scaled(seq_lens, head_dim):
 
 def _run_decode(
     seq_lens, num_heads, num_kv_heads, head_dim, block_size, num_splits, launches: int = 1,
-    min_split_tiles: int = 1, tensor_cores: bool = False,
+    min_split_tiles: int = 1, tensor_cores: bool = False, warp_heads_ctx: int = 0,
 ):  # fmt: skip
     """`launches` decode launches on one fresh paged case (seq_len 0: a padding row), all on
     the same counters. Checks each output against the numpy twin (zeros for padding rows), the
@@ -81,6 +82,7 @@ def _run_decode(
         decode_attention(
             *args, n, num_heads, head_dim**-0.5, out, part_acc, part_ml, num_splits,
             counters=counters, min_split_tiles=min_split_tiles, tensor_cores=tensor_cores,
+            warp_heads_ctx=_scaled([warp_heads_ctx], head_dim)[0],
         )  # fmt: skip
         bits = synced(out)
         what = f"decode attention, launch {launch + 1}"
@@ -237,3 +239,37 @@ def test_decode_attention_tensor_cores(seq_lens, num_heads, num_kv_heads, block_
         _run_decode(
             seq_lens, num_heads, num_kv_heads, 64, block_size, num_splits, tensor_cores=True
         )
+
+
+@pytest.mark.parametrize(
+    "seq_lens, num_heads, num_kv_heads, block_size, warp_heads_ctx",
+    [
+        ([1, 16, 49, 32, 0], 8, 2, 16, 40),  # GQA 4; 49 is over the limit: 4 warps a head
+        ([37, 5, 17], 15, 5, 16, 64),  # GQA 3, 5 KV heads: the last block's warps 1-3 idle
+        ([20, 3, 33], 24, 3, 8, 64),  # GQA 8, 3 KV heads, a warp's tokens in two blocks
+    ],
+)
+def test_decode_attention_warp_heads(seq_lens, num_heads, num_kv_heads, block_size, warp_heads_ctx):
+    """A warp per (sequence, KV head): each warp walks its head's whole context 16 tokens at a
+    time and writes the head's output from its registers, no merge; a sequence over the limit
+    walks 4 warps a head in the same launch. (The simulator's block is one warp, so there each
+    block is one head; on the GPU a block takes 4 and the others exit.)"""
+    with gpu_code_path(attention_decode):
+        _run_decode(
+            seq_lens, num_heads, num_kv_heads, 64, block_size, 1, tensor_cores=True,
+            warp_heads_ctx=warp_heads_ctx,
+        )  # fmt: skip
+
+
+def test_choose_warp_heads_ctx():
+    """A warp per head only where one split leaves many waves of blocks (batch 256 of an
+    8-KV-head model on 132 SMs, not batch 64), and only for the tensor-core walk."""
+    limit = attention_decode.WARP_HEADS_MAX_CTX
+    assert choose_warp_heads_ctx(256, 8, 132, 1, 64, 4) == limit
+    assert choose_warp_heads_ctx(64, 8, 132, 1, 64, 4) == 0
+    assert choose_warp_heads_ctx(256, 8, 132, 2, 64, 4) == 0  # split launches: never
+    assert choose_warp_heads_ctx(256, 8, 132, 1, 128, 8) == 0  # head_dim 128: the FFMA walk
+    for batch in range(1, 300):
+        ctx = choose_warp_heads_ctx(batch, 8, 132, choose_num_splits(batch, 8, 132), 64, 4)
+        blocks_per_sm = batch * 8 / 132
+        assert ctx == (limit if blocks_per_sm >= attention_decode.WARP_HEADS_MIN_BLOCKS else 0)

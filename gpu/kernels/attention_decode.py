@@ -241,10 +241,16 @@ MIN_SPLIT_TILES = env_choice(MIN_SPLIT_TILES_ENV, DEFAULT_MIN_SPLIT_TILES, range
 # The tensor-core walk (tensor_core_walk, mma.py) where the shape fits, unless
 # $TINYCHAT_DECODE_TENSOR_CORES = 0 (measured faster on the H200, seventh session).
 TENSOR_CORES = env_choice(TENSOR_CORES_ENV, 1, (0, 1)) == 1
+# A warp per (sequence, KV head) for contexts up to WARP_HEADS_MAX_CTX tokens, in launches of
+# at least WARP_HEADS_MIN_BLOCKS blocks an SM (choose_warp_heads_ctx); 0 turns either off.
+WARP_HEADS_MAX_CTX_ENV = "TINYCHAT_DECODE_WARP_HEADS_MAX_CTX"
+WARP_HEADS_MIN_BLOCKS_ENV = "TINYCHAT_DECODE_WARP_HEADS_MIN_BLOCKS"
+WARP_HEADS_MAX_CTX = env_choice(WARP_HEADS_MAX_CTX_ENV, 1024, (0, *(1 << k for k in range(4, 21))))
+WARP_HEADS_MIN_BLOCKS = env_choice(WARP_HEADS_MIN_BLOCKS_ENV, 8, range(33))
 
 _ARGS = (
     "float32[:, ::1], uint64[::1], uint64[::1], int32[::1], int32[::1], int32[::1], int32[::1],"
-    " float64, int64, int64, uint16[:, ::1], float32[::1], float32[::1], int32[::1]"
+    " float64, int64, int64, int64, uint16[:, ::1], float32[::1], float32[::1], int32[::1]"
 )
 
 
@@ -435,13 +441,13 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int, ten
 
     @device_function
     def tc_tile_loads(
-        base, last, block_tables, table, k_cache, v_cache, row_words, k_words, v_words, kk, vv,
-        blk,
+        base, last, step, block_tables, table, k_cache, v_cache, row_words, k_words, v_words,
+        kk, vv, blk,
     ):  # fmt: skip
         """A warp's 16 tokens from `base` (clamped to `last`): this lane's K words (tokens g,
         8 + g: words 4c .. 4c + 3) into kk, its V words (tokens 2c, 2c + 1, 8 + 2c, 9 + 2c:
         words 2g, 2g + 1) into vv, all issued back to back. With blocks of a multiple of 16
-        tokens the warp's 16 share one cache block: blk[0], looked up one tile ahead (the
+        tokens the warp's 16 share one cache block: blk[0], looked up one step ahead (the
         first before the wait for the previous kernel), so no tile waits for its lookup."""
         tid = cuda.threadIdx.x
         g = (tid % 32) // 4
@@ -463,14 +469,17 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int, ten
                 vv[2 * (n - 2)] = v_cache[word + v_words]
                 vv[2 * (n - 2) + 1] = v_cache[word + v_words + uint64(1)]
         if one_block:  # the next tile's block, while this one's words are in flight
-            blk[0] = block_tables[table + uint64(min(base + tile, last)) // u_block_size]
+            blk[0] = block_tables[table + uint64(min(base + step, last)) // u_block_size]
 
     @device_function
     def tensor_core_walk(
-        qkv, k_cache, v_cache, block_tables, table, row, kvh, start, end, qscale, num_kv_heads,
-        m_sh, l_sh, acc_sh, fa, fb, fc, blk,
+        qkv, k_cache, v_cache, block_tables, table, row, kvh, first, end, step, qscale,
+        num_kv_heads, o, fa, fb, fc, blk,
     ):  # fmt: skip
-        """The tensor-core walk of [start, end): per warp and 16 tokens, S = Q K^T as 2 x 4
+        """This warp's share of a tensor-core walk: the 16 tokens from `first`, then every
+        `step`-th 16 up to `end` (step 64: one of a block's 4 warps on one head; step 16: the
+        warp alone on it). Returns (m, l) of head g, l summed over its 4 lanes; o holds the
+        unnormalised output. Per warp and 16 tokens, S = Q K^T as 2 x 4
         mma (heads x 8 tokens, 16 dimensions each) and O += P V as 8 mma (heads x 8
         dimensions, 16 tokens). Lane = 4 g + c. Q is the A operand: row g = head g (rows past
         the group, and 8-15, are zero), k slots (2c, 2c+1, 2c+8, 2c+9) of chunk i = dimensions
@@ -480,16 +489,14 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int, ten
         column g of output tile j = dimension 8g + j, so a lane reads 16 contiguous bytes
         (words 2g, 2g+1) of its four tokens (2c, 2c+1, 8+2c, 9+2c) and pairs their bf16; D
         holds O[head g, dimensions 16c + j and 16c + 8 + j]. The softmax is online per warp
-        (the row max of head g over 2 lanes' xor shuffles); warps merge like token slots."""
+        (the row max of head g over 2 lanes' xor shuffles)."""
         qa = cuda.local.array(16, uint32)
         kk = cuda.local.array(8, uint64)  # 2 tokens x words 4c .. 4c+3
         vv = cuda.local.array(8, uint64)  # 4 tokens x words 2g, 2g+1
         sc = cuda.local.array(4, float32)
         ph = cuda.local.array(4, uint16)
         pl = cuda.local.array(4, uint16)
-        o = cuda.local.array(16, float32)
         tid = cuda.threadIdx.x
-        wid = tid // 32
         g = (tid % 32) // 4
         c = tid % 4
         last = end - 1
@@ -520,11 +527,10 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int, ten
         row_words = uint64(num_kv_heads) * u_words
         k_words = uint64(kvh) * u_words + uint64(4 * c)
         v_words = uint64(kvh) * u_words + uint64(2 * g)
-        for t0 in range(start, end, tile):
-            base = t0 + 16 * wid
+        for base in range(first, end, step):
             tc_tile_loads(
-                base, last, block_tables, table, k_cache, v_cache, row_words, k_words, v_words,
-                kk, vv, blk,
+                base, last, step, block_tables, table, k_cache, v_cache, row_words, k_words,
+                v_words, kk, vv, blk,
             )  # fmt: skip
             # S = Q K^T, two n-tiles of 8 tokens; tokens past the end are masked.
             for n in range(2):
@@ -574,9 +580,19 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int, ten
                 )  # fmt: skip
                 o[2 * j] = d0 + d2  # P's hi and lo rows
                 o[2 * j + 1] = d1 + d3
-        # The row sum over the 4 lanes of head g; warps merge like token slots.
+        # The row sum over the 4 lanes of head g.
         lpart += cuda.shfl_xor_sync(FULL_MASK, lpart, 1)
         lpart += cuda.shfl_xor_sync(FULL_MASK, lpart, 2)
+        return m, lpart
+
+    @device_function
+    def tc_merge_warps(m, lpart, o, m_sh, l_sh, acc_sh):
+        """The block's 4 warps walked one head together: each one's (m, l, o), rescaled to the
+        block's max, into shared memory, where the kernel sums them like token slots."""
+        tid = cuda.threadIdx.x
+        wid = tid // 32
+        g = (tid % 32) // 4
+        c = tid % 4
         if c == 0 and g < group:
             m_sh[wid, g] = m
         cuda.syncthreads()
@@ -594,6 +610,22 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int, ten
                 l_sh[wid, g] = lpart * wgt
         cuda.syncthreads()
 
+    @device_function
+    def tc_write_head(m, lpart, o, out, row, kvh):
+        """A warp that walked its head alone: normalise and write. Lane (g, c) holds head g's
+        dimensions 16c .. 16c + 15 (o[2j]: 16c + j, o[2j + 1]: 16c + 8 + j), 32 bytes of bf16."""
+        tid = cuda.threadIdx.x
+        g = (tid % 32) // 4
+        c = tid % 4
+        if g < group:
+            inv = float32(0.0)
+            if lpart > 0:
+                inv = float32(1.0) / lpart
+            col = (kvh * group + g) * head_dim + 16 * c
+            for j in range(8):
+                out[row, col + j] = f32_to_bf16(o[2 * j] * inv)
+                out[row, col + 8 + j] = f32_to_bf16(o[2 * j + 1] * inv)
+
     def kernel(
         qkv,
         k_cache,
@@ -605,6 +637,7 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int, ten
         scale,
         num_splits,
         num_kv_heads,
+        warp_heads_ctx,
         out,
         part_acc,
         part_ml,
@@ -616,6 +649,7 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int, ten
         last_sh = cuda.shared.array(1, int32)
         blk = cuda.local.array(UNROLL, int32)
         ms = cuda.local.array(MAX_SPLITS, float32)
+        oacc = cuda.local.array(16, float32)  # the tensor-core walk's output fragment
         fa = cuda.shared.array(fa_shape, uint32)  # the simulator's mma twin
         fb = cuda.shared.array(fb_shape, uint32)
         fc = cuda.shared.array(fc_shape, float32)
@@ -644,6 +678,12 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int, ten
             return  # an empty split: no more loads, no write, no counter
         start = split * chunk
         end = min(ctx, start + chunk)
+        # A warp per head (see choose_warp_heads_ctx): the block of KV head kvh = nwarps * k
+        # walks heads kvh .. kvh + nwarps - 1, one warp each, the whole context; the blocks
+        # of the other heads have nothing to do.
+        warp_heads = tensor_cores and 0 < ctx <= warp_heads_ctx and num_splits == 1
+        if warp_heads and kvh % nwarps != 0:
+            return
         # The physical block of each of this lane's tokens of the first tile. Token indices are
         # clamped to the last one (its row is read again, its score masked), so the loads need
         # no branch and are all issued back to back. Like seq_lens, the block table is a staged
@@ -653,9 +693,13 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int, ten
             for u in range(UNROLL):
                 t = uint64(min(start + u * slots + slot, last))
                 blk[u] = block_tables[table + t // u_block_size]
-        if ctx > 0 and tensor_cores and one_block:  # the warp's 16 tokens of the first tile
-            t = uint64(min(start + 16 * (tid // 32), last))
-            blk[0] = block_tables[table + t // u_block_size]
+        first = start  # the first of the warp's 16 tokens
+        step = 16  # and the distance to its next 16
+        if tensor_cores and not warp_heads:
+            first = start + 16 * (tid // 32)
+            step = tile
+        if ctx > 0 and tensor_cores and one_block:
+            blk[0] = block_tables[table + uint64(min(first, last)) // u_block_size]
         grid_dependency_sync()
         if ctx == 0:  # a padding row of a captured graph: zeros, nothing read
             for o in range(tid, out_dims, nthreads):
@@ -664,10 +708,19 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int, ten
 
         qscale = float32(scale * LOG2E)
         if tensor_cores:
-            tensor_core_walk(
-                qkv, k_cache, v_cache, block_tables, table, row, kvh, start, end, qscale,
-                num_kv_heads, m_sh, l_sh, acc_sh, fa, fb, fc, blk,
+            head_kv = kvh
+            if warp_heads:
+                head_kv = kvh + tid // 32
+                if head_kv >= num_kv_heads:
+                    return  # a warp past the last KV head (their count is not a multiple)
+            m, lpart = tensor_core_walk(
+                qkv, k_cache, v_cache, block_tables, table, row, head_kv, first, end, step,
+                qscale, num_kv_heads, oacc, fa, fb, fc, blk,
             )  # fmt: skip
+            if warp_heads:
+                tc_write_head(m, lpart, oacc, out, row, head_kv)
+                return
+            tc_merge_warps(m, lpart, oacc, m_sh, l_sh, acc_sh)
         else:
             ffma_walk(
                 qkv, k_cache, v_cache, block_tables, table, row, kvh, start, end, qscale,
@@ -778,6 +831,29 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, num_sms: int) -> int:
     return max(1, min(MAX_SPLITS, cdiv(SPLIT_BLOCKS_PER_SM * num_sms, blocks)))
 
 
+def choose_warp_heads_ctx(
+    num_seqs: int, num_kv_heads: int, num_sms: int, num_splits: int, head_dim: int, group: int
+) -> int:
+    """The longest context that a launch walks a warp per (sequence, KV head); 0: none.
+
+    A block of 4 warps on one head splits each 64-token tile between its warps and merges
+    their partial results through shared memory at the end. When the grid is many waves of
+    such blocks (batch 256: 2,048 blocks, 528 resident) and the contexts are short, the set-up
+    and merge of every wave cost more than its walk: 32.6 us a layer at batch 256 / context
+    ~112 (H200, seventh session), against 13.8 at the copy rate. With a warp per head, the
+    block of every 4th KV head walks 4 heads, a warp each, and writes each head's output
+    straight from its registers: the same tokens per warp, the same number of warps, now all
+    resident in one wave, no barrier and no merge. A long context would make one warp's walk
+    the launch's tail, so above WARP_HEADS_MAX_CTX tokens a sequence's blocks walk as before
+    (decided per sequence, on the device, from seq_lens); and a launch of fewer than
+    WARP_HEADS_MIN_BLOCKS blocks an SM keeps 4 warps a head, which it needs to fill the GPU.
+    Tensor-core walk only (the FFMA walk's token slots are not warps)."""
+    blocks = num_seqs * num_kv_heads
+    if num_splits != 1 or not tensor_cores_fit(head_dim, group) or not TENSOR_CORES:
+        return 0
+    return WARP_HEADS_MAX_CTX if blocks >= WARP_HEADS_MIN_BLOCKS * num_sms else 0
+
+
 def busy_splits(seq_len: int, num_splits: int, head_dim: int, min_split_tiles: int = 0) -> int:
     """Host twin of the kernel's `busy`: the splits that hold tokens of a seq_len context (1 for
     seq_len 0, whose split 0 writes the zeros); the others exit at once."""
@@ -818,6 +894,7 @@ def decode_attention(
     counters=None,
     min_split_tiles: int = 0,
     tensor_cores: bool | None = None,
+    warp_heads_ctx: int = 0,
 ) -> None:
     """out [T, nh * hd] bf16: attention of the query row of each of num_seqs sequences that
     has exactly one this step (the others are left to prefill_attention).
@@ -827,7 +904,9 @@ def decode_attention(
     counter_size(...) elements, ZERO when first used (the kernel leaves it zero again, so the
     same array serves every later launch and graph replay). All three may be any array of their
     dtype when num_splits is 1. min_split_tiles: the smallest busy split (0: MIN_SPLIT_TILES).
-    tensor_cores: the mma walk (None: TENSOR_CORES where the shape fits).
+    tensor_cores: the mma walk (None: TENSOR_CORES where the shape fits). warp_heads_ctx: a
+    warp per (sequence, KV head) for contexts up to this long, with the tensor-core walk and
+    one split (choose_warp_heads_ctx; 0: never).
     """
     if num_seqs == 0:
         return
@@ -845,5 +924,5 @@ def decode_attention(
     kernel = decode_kernel(hd, group, block_size, min_split_tiles, tensor_cores)
     kernel[(num_seqs, nkv, num_splits), NTHREADS, stream](
         qkv, k64, v64, block_tables, block_table_stride, query_start_loc, seq_lens,
-        float(scale), num_splits, nkv, out, part_acc, part_ml, counters,
+        float(scale), num_splits, nkv, warp_heads_ctx, out, part_acc, part_ml, counters,
     )  # fmt: skip

@@ -28,8 +28,12 @@ from gpu.presets import preset_config
 CFG = preset_config("llama-3.2-1b")
 NH, NKV, HD, V = CFG.num_attention_heads, CFG.num_key_value_heads, CFG.head_dim, CFG.vocab_size
 BS = 16
-# (1, 32): one busy split, no partials; (1, 128): two busy splits merged by the last block.
-ATTENTION_CASES = [(1, 32), (1, 128), (1, 1024), (1, 4096), (8, 1024), (64, 1024), (256, 512)]
+# (1, 32): one busy split, no partials; (1, 128): two busy splits merged by the last block;
+# (64 / 256, 128): the decode bench's contexts, where batch 256 walks a warp per head.
+ATTENTION_CASES = [
+    (1, 32), (1, 128), (1, 1024), (1, 4096), (8, 1024), (64, 128), (64, 1024), (256, 128),
+    (256, 512), (256, 1024),
+]  # fmt: skip
 ARGMAX_ROWS = [1, 64]
 POOL_BLOCKS = max(b * -(-ctx // BS) for b, ctx in ATTENTION_CASES)  # 8192: 2 x 128 MB
 REPS = 50
@@ -93,11 +97,12 @@ def attention_case(batch: int, ctx: int, k_pool, v_pool, k_host, v_host, num_sms
     part_ml = cuda.device_array(max(ml, 1), np.float32, stream=stream)
     # Zeroed once: every launch leaves the split counters at zero again.
     counters = dev(np.zeros(max(attention_decode.counter_size(batch, NKV, splits), 1), np.int32))
+    warp_ctx = attention_decode.choose_warp_heads_ctx(batch, NKV, num_sms, splits, HD, NH // NKV)
 
     def run(table):
         attention_decode.decode_attention(
             qkv, k_pool, v_pool, table, stride, qsl, lens, batch, NH, HD**-0.5, out,
-            part_acc, part_ml, splits, stream, counters=counters,
+            part_acc, part_ml, splits, stream, counters=counters, warp_heads_ctx=warp_ctx,
         )  # fmt: skip
 
     # Correctness, once: the first CHECK_SEQS sequences of copy 0 against the numpy twin.
@@ -118,6 +123,7 @@ def attention_case(batch: int, ctx: int, k_pool, v_pool, k_host, v_host, num_sms
     kf, vf = from_bf16_bits(k_host[blocks]), from_bf16_bits(v_host[blocks])
     CpuBackend().attention(qkv_host[:n], kf, vf, sub, NH, NKV, HD, HD**-0.5, want)
     result = {"batch": batch, "context": ctx, "splits": splits, "copies": len(tables)}
+    result["warp_per_head"] = 0 < ctx <= warp_ctx
     result["busy_splits"] = attention_decode.busy_splits(ctx, splits, HD)
     result["blocks_per_sm"] = attention_decode.BLOCKS_PER_SM  # $TINYCHAT_DECODE_BLOCKS_PER_SM
     result["counters_zero"] = bool((counters.copy_to_host() == 0).all())
@@ -192,14 +198,14 @@ def table(data: dict) -> str:
         "decode attention (Llama-3.2-1B: 32 q heads, 8 KV heads, head_dim 64, bf16 KV;"
         f" launch bounds {attention_decode.BLOCKS_PER_SM} blocks/SM)"
     ]
-    lines.append(f"{'batch':>5} {'ctx':>5} {'splits':>6} {'busy':>4} {'KV MB':>7} {'us':>8}"
-                 f" {'us warm':>8} {'GB/s':>7} {'of copy':>7}  check")  # fmt: skip
+    lines.append(f"{'batch':>5} {'ctx':>5} {'splits':>6} {'busy':>4} {'warp':>4} {'KV MB':>7}"
+                 f" {'us':>8} {'us warm':>8} {'GB/s':>7} {'of copy':>7}  check")  # fmt: skip
     for r in (data.get("attention") or {}).values():
         if not isinstance(r, dict) or "us" not in r:
             continue
         lines.append(
             f"{r['batch']:>5} {r['context']:>5} {r['splits']:>6} {r['busy_splits']:>4}"
-            f" {r['kv_mb']:>7} {r['us']:>8}"
+            f" {'yes' if r.get('warp_per_head') else 'no':>4} {r['kv_mb']:>7} {r['us']:>8}"
             f" {r['us_warm']:>8} {r['kv_gb_s']:>7} {r['of_copy_rate']:>7}"
             f"  {'ok' if r['check']['ok'] else 'FAIL'} (max abs {r['check']['max_abs']:.1e})"
         )

@@ -303,10 +303,13 @@ class CudaBackend(ComposedOps):
             or cnt > self._split_counters.shape[0]
         ):
             self.reserve_attention_scratch(batch.num_seqs, num_heads, num_kv_heads, head_dim)
+        warp_heads_ctx = attention_decode.choose_warp_heads_ctx(
+            batch.num_seqs, num_kv_heads, self.num_sms, splits, head_dim, num_heads // num_kv_heads
+        )
         attention_decode.decode_attention(
             qkv, k_cache, v_cache, tables, stride, batch.query_start_loc, batch.seq_lens,
             batch.num_seqs, num_heads, scale, out, self._part_acc, self._part_ml,
-            splits, self.stream, counters=self._split_counters,
+            splits, self.stream, counters=self._split_counters, warp_heads_ctx=warp_heads_ctx,
         )  # fmt: skip
         if batch.max_query_len > 1:
             attention_prefill.prefill_attention(
