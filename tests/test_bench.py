@@ -27,10 +27,17 @@ def test_bench_writes_every_workload(tmp_path, capsys):
     assert r["device"] == "cpu" and r["params"] > 0
     assert r["latency"]["decode_tok_s"] > 0 and r["latency"]["floor_ms"] > 0
     assert [row["batch_size"] for row in r["decode"]] == [1, 2]
-    assert r["throughput"]["output_tokens"] > 0
+    t = r["throughput"]
+    assert t["output_tokens"] > 0
+    # Every step filed once, by the step it waited for: 4 prompts (each chunked at most twice),
+    # then decode steps of 1-4 sequences; their seconds add up to no more than the run.
+    assert 1 <= t["mixed_steps"] <= 8 and t["decode_steps"] >= 1
+    assert 1 <= t["mean_decode_batch"] <= 4
+    assert 0 < t["decode_s"] + t["mixed_s"] <= t["total_time_s"]
     assert r["chat"]["sessions"] == 2 and r["chat"]["ttft_p50_ms"] > 0
     table = capsys.readouterr().out
     assert "latency (batch 1)" in table and "decode batch 2" in table
+    assert f"{t['decode_steps']} decode" in table
 
 
 def test_bench_scheduler_overhead(capsys):

@@ -296,6 +296,12 @@ def print_table(r: dict) -> None:
             f"{'throughput':<22}{x['output_tok_s']:>11.0f}   ({x['num_requests']} requests, "
             f"{x['output_tokens']} output tokens in {x['total_time_s']:.1f} s)\n"
         )
+        if x.get("decode_steps"):
+            out.write(
+                f"  steps: {x['decode_steps']} decode ({x['decode_s']:.2f} s, mean batch"
+                f" {x['mean_decode_batch']:.0f}), {x['mixed_steps']} with prompt tokens"
+                f" ({x['mixed_s']:.2f} s)\n"
+            )
     if "chat" in r:
         out.write(chat_summary(r["chat"]) + "\n")
     out.flush()

@@ -94,6 +94,14 @@ class ThroughputResult:
     total_time_s: float
     output_tok_s: float
     total_tok_s: float
+    # Where the time goes: engine.step() wall times filed by the step they wait for (see
+    # _StepTimer), steps that carried prompt tokens apart from pure decode steps, and the
+    # mean number of sequences in a decode step.
+    decode_steps: int = 0
+    decode_s: float = 0.0
+    mean_decode_batch: float = 0.0
+    mixed_steps: int = 0
+    mixed_s: float = 0.0
 
 
 def throughput_run(
@@ -105,16 +113,20 @@ def throughput_run(
     prompt_lens = rng.integers(lo, hi + 1, num_requests)
     output_lens = rng.integers(lo, hi + 1, num_requests)
     limit = engine.max_model_len - 1
-    t0 = time.perf_counter()
-    for p_len, o_len in zip(prompt_lens, output_lens, strict=True):
-        p_len = int(min(p_len, limit - 1))
-        prompt = list(map(int, rng.integers(0, vocab, p_len)))
-        engine.add_request(prompt, _greedy(int(min(o_len, limit - p_len))))
-    outputs = 0
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            outputs += len(out.outputs[0].token_ids)
-    elapsed = time.perf_counter() - t0
+    timer = _StepTimer(engine)
+    try:
+        t0 = time.perf_counter()
+        for p_len, o_len in zip(prompt_lens, output_lens, strict=True):
+            p_len = int(min(p_len, limit - 1))
+            prompt = list(map(int, rng.integers(0, vocab, p_len)))
+            engine.add_request(prompt, _greedy(int(min(o_len, limit - p_len))))
+        outputs = 0
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                outputs += len(out.outputs[0].token_ids)
+        elapsed = time.perf_counter() - t0
+    finally:
+        timer.close()
     inputs = int(prompt_lens.sum())
     return ThroughputResult(
         num_requests=num_requests,
@@ -123,6 +135,11 @@ def throughput_run(
         total_time_s=elapsed,
         output_tok_s=outputs / elapsed,
         total_tok_s=(outputs + inputs) / elapsed,
+        decode_steps=len(timer.decode),
+        decode_s=float(sum(timer.decode)),
+        mean_decode_batch=float(np.mean(timer.decode_batch)) if timer.decode_batch else 0.0,
+        mixed_steps=len(timer.mixed),
+        mixed_s=float(sum(timer.mixed)),
     )
 
 
@@ -163,6 +180,7 @@ class _StepTimer:
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
         self.decode: list[float] = []
+        self.decode_batch: list[int] = []  # the sequences of each decode step filed
         self.mixed: list[float] = []
         self.gc: list[float] = []
         self._gc_start = 0.0
@@ -174,17 +192,21 @@ class _StepTimer:
             out = step()
             dt = time.perf_counter() - t0
             last = engine.last_step
-            if waited is not None:
-                self.file(dt, waited.num_prefill_tokens)
-            elif last is not None and last.batch_size:
-                self.file(dt, last.num_prefill_tokens)
+            if waited is not None:  # a SchedulerOutput
+                self.file(dt, waited.num_prefill_tokens, len(waited.seqs))
+            elif last is not None and last.batch_size:  # StepStats
+                self.file(dt, last.num_prefill_tokens, last.batch_size)
             return out
 
         engine.step = timed_step
         gc.callbacks.append(self._on_gc)
 
-    def file(self, seconds: float, prompt_tokens: int) -> None:
-        (self.mixed if prompt_tokens else self.decode).append(seconds)
+    def file(self, seconds: float, prompt_tokens: int, batch_size: int = 0) -> None:
+        if prompt_tokens:
+            self.mixed.append(seconds)
+        else:
+            self.decode.append(seconds)
+            self.decode_batch.append(batch_size)
 
     def _on_gc(self, phase: str, info: dict) -> None:
         if phase == "start":
@@ -194,6 +216,7 @@ class _StepTimer:
 
     def reset(self) -> None:
         self.decode.clear()
+        self.decode_batch.clear()
         self.mixed.clear()
 
     def close(self) -> None:

@@ -678,11 +678,12 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int, ten
             return  # an empty split: no more loads, no write, no counter
         start = split * chunk
         end = min(ctx, start + chunk)
-        # A warp per head (see choose_warp_heads_ctx): the block of KV head kvh = nwarps * k
-        # walks heads kvh .. kvh + nwarps - 1, one warp each, the whole context; the blocks
-        # of the other heads have nothing to do.
+        # A warp per head (see choose_warp_heads_ctx): block kvh walks heads nwarps * kvh ..
+        # nwarps * kvh + nwarps - 1, one warp each, the whole context; the blocks past the
+        # last head have nothing to do. The blocks that work come first in the grid's order
+        # (blockIdx.x, the sequence, runs fastest): the longest-lived blocks start first.
         warp_heads = tensor_cores and 0 < ctx <= warp_heads_ctx and num_splits == 1
-        if warp_heads and kvh % nwarps != 0:
+        if warp_heads and kvh * nwarps >= num_kv_heads:
             return
         # The physical block of each of this lane's tokens of the first tile. Token indices are
         # clamped to the last one (its row is read again, its score masked), so the loads need
@@ -710,7 +711,7 @@ def _build(head_dim: int, group: int, block_size: int, min_split_tiles: int, ten
         if tensor_cores:
             head_kv = kvh
             if warp_heads:
-                head_kv = kvh + tid // 32
+                head_kv = kvh * nwarps + tid // 32
                 if head_kv >= num_kv_heads:
                     return  # a warp past the last KV head (their count is not a multiple)
             m, lpart = tensor_core_walk(
@@ -841,7 +842,7 @@ def choose_warp_heads_ctx(
     such blocks (batch 256: 2,048 blocks, 528 resident) and the contexts are short, the set-up
     and merge of every wave cost more than its walk: 32.6 us a layer at batch 256 / context
     ~112 (H200, seventh session), against 13.8 at the copy rate. With a warp per head, the
-    block of every 4th KV head walks 4 heads, a warp each, and writes each head's output
+    first quarter of a sequence's blocks walk 4 heads each, a warp a head, and write each output
     straight from its registers: the same tokens per warp, the same number of warps, now all
     resident in one wave, no barrier and no merge. A long context would make one warp's walk
     the launch's tail, so above WARP_HEADS_MAX_CTX tokens a sequence's blocks walk as before
