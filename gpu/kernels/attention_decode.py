@@ -187,6 +187,23 @@ inner loops gained only 6%: the time went to barriers, shared-memory traffic and
 Issue 5 rewrote it as above, with a separate reduce kernel for the splits; the merge then moved
 into this kernel (last block done) and empty splits stopped writing anything.
 
+A warp per head at large batch (eighth session; choose_warp_heads_ctx). At batch 256 the grid is
+2,048 blocks, about 4 waves of 528 resident ones, and at the decode bench's contexts (~100) each
+block walks two 64-token tiles between its 4 warps and then merges them: set-up and merge cost
+as much as the walk, every wave. When a launch has at least WARP_HEADS_MIN_BLOCKS (8) blocks an
+SM, a sequence of at most WARP_HEADS_MAX_CTX tokens is walked a warp per KV head instead: the
+first quarter of its blocks take 4 heads each, every warp walks its head's whole context 16
+tokens a step (the same walk, step 16 instead of 64) and writes the normalised output from its
+registers; no shared memory, no barrier, and the grid's 2,048 warps are resident at once.
+Measured on the H200 (`bench_kernels.py`, cold KV, us, off -> on): batch 256 context 128 43.8
+-> 28.4, context 512 97.1 -> 79.0, context 1,024 165.8 -> 147.1 (3.65 TB/s); batch 64 is left as
+it was (its 512 blocks fit in one wave; a warp per head there: context 128 14.5 -> 19.1, context
+1,024 45.4 -> 96.0). `tinychat bench decode`, batch 256: 113,714 -> 126,670 tok/s. The limit on
+the context is for mixed lengths: one warp walking a long context alone becomes the launch's
+tail. The throughput workload (lengths up to 2,048) measured, limit 0 / 512 / 1,024 / 2,048:
+37,115 / 37,139 / 36,619 / 35,340 output tok/s, so 512; with uniform contexts (batch 256 at
+1,024) the warp per head is faster at any length.
+
 numpy twin: CpuBackend.attention (gpu/backends/cpu.py), with one query row per sequence.
 """
 
@@ -245,7 +262,7 @@ TENSOR_CORES = env_choice(TENSOR_CORES_ENV, 1, (0, 1)) == 1
 # at least WARP_HEADS_MIN_BLOCKS blocks an SM (choose_warp_heads_ctx); 0 turns either off.
 WARP_HEADS_MAX_CTX_ENV = "TINYCHAT_DECODE_WARP_HEADS_MAX_CTX"
 WARP_HEADS_MIN_BLOCKS_ENV = "TINYCHAT_DECODE_WARP_HEADS_MIN_BLOCKS"
-WARP_HEADS_MAX_CTX = env_choice(WARP_HEADS_MAX_CTX_ENV, 1024, (0, *(1 << k for k in range(4, 21))))
+WARP_HEADS_MAX_CTX = env_choice(WARP_HEADS_MAX_CTX_ENV, 512, (0, *(1 << k for k in range(4, 21))))
 WARP_HEADS_MIN_BLOCKS = env_choice(WARP_HEADS_MIN_BLOCKS_ENV, 8, range(33))
 
 _ARGS = (
