@@ -190,7 +190,7 @@ into this kernel (last block done) and empty splits stopped writing anything.
 A warp per head at large batch (eighth session; choose_warp_heads_ctx). At batch 256 the grid is
 2,048 blocks, about 4 waves of 528 resident ones, and at the decode bench's contexts (~100) each
 block walks two 64-token tiles between its 4 warps and then merges them: set-up and merge cost
-as much as the walk, every wave. When a launch has at least WARP_HEADS_MIN_BLOCKS (8) blocks an
+as much as the walk, every wave. When a launch has at least WARP_HEADS_MIN_BLOCKS (4) blocks an
 SM, a sequence of at most WARP_HEADS_MAX_CTX tokens is walked a warp per KV head instead: the
 first quarter of its blocks take 4 heads each, every warp walks its head's whole context 16
 tokens a step (the same walk, step 16 instead of 64) and writes the normalised output from its
@@ -202,7 +202,11 @@ it was (its 512 blocks fit in one wave; a warp per head there: context 128 14.5 
 the context is for mixed lengths: one warp walking a long context alone becomes the launch's
 tail. The throughput workload (lengths up to 2,048) measured, limit 0 / 512 / 1,024 / 2,048:
 37,115 / 37,139 / 36,619 / 35,340 output tok/s, so 512; with uniform contexts (batch 256 at
-1,024) the warp per head is faster at any length.
+1,024) the warp per head is faster at any length. The launch threshold, 8 -> 4 blocks an SM
+(a launch of more than one wave; batch 64 of Llama-3.2-1B, 512 blocks, stays below it), same
+call: Llama-3.2-1B batch 128 78,394 -> 81,344 tok/s (batches 192 and 256 the same within 0.3%),
+SmolLM2-135M (3 KV heads) batch 256 168,649 -> 174,991 (2 blocks an SM: 177,067, but that would
+take Llama's batch 64, which loses: 48,420 -> 46,169), so 4.
 
 numpy twin: CpuBackend.attention (gpu/backends/cpu.py), with one query row per sequence.
 """
@@ -263,7 +267,7 @@ TENSOR_CORES = env_choice(TENSOR_CORES_ENV, 1, (0, 1)) == 1
 WARP_HEADS_MAX_CTX_ENV = "TINYCHAT_DECODE_WARP_HEADS_MAX_CTX"
 WARP_HEADS_MIN_BLOCKS_ENV = "TINYCHAT_DECODE_WARP_HEADS_MIN_BLOCKS"
 WARP_HEADS_MAX_CTX = env_choice(WARP_HEADS_MAX_CTX_ENV, 512, (0, *(1 << k for k in range(4, 21))))
-WARP_HEADS_MIN_BLOCKS = env_choice(WARP_HEADS_MIN_BLOCKS_ENV, 8, range(33))
+WARP_HEADS_MIN_BLOCKS = env_choice(WARP_HEADS_MIN_BLOCKS_ENV, 4, range(33))
 
 _ARGS = (
     "float32[:, ::1], uint64[::1], uint64[::1], int32[::1], int32[::1], int32[::1], int32[::1],"
