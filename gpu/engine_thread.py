@@ -28,6 +28,35 @@ SWITCH_INTERVAL_MS = 1.0  # see EngineThread.start
 OutputCallback = Callable[[RequestOutput], None]
 
 
+class _SwitchInterval:
+    """The interpreter-wide GIL switch interval, shortened while any engine thread runs and
+    given back when the last one stops: it is process state, and a library that leaves it
+    changed slows every other threaded program in the process (Numba's CUDA simulator, which
+    runs a block as 32 Python threads polled by the caller, runs 10-15x slower at 1 ms)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users = 0
+        self._saved = 0.0
+
+    def acquire(self, seconds: float) -> None:
+        with self._lock:
+            if self._users == 0:
+                self._saved = sys.getswitchinterval()
+            self._users += 1
+            if seconds < sys.getswitchinterval():
+                sys.setswitchinterval(seconds)
+
+    def release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users == 0:
+                sys.setswitchinterval(self._saved)
+
+
+_switch_interval = _SwitchInterval()
+
+
 class RequestStream:
     """An iterator over one request's outputs, fed by the engine thread without blocking it."""
 
@@ -68,10 +97,14 @@ class EngineThread:
         # sessions). When threads contend for the GIL, Python hands it over only every
         # switch interval (5 ms by default), so a client thread busy in Python could hold a
         # decode step back by up to 5 ms. A shorter interval bounds that wait.
+        # The previous interval comes back when the last engine thread stops.
         ms = float(os.environ.get("TINYCHAT_SWITCH_INTERVAL_MS", SWITCH_INTERVAL_MS))
-        if ms / 1e3 < sys.getswitchinterval():
-            sys.setswitchinterval(ms / 1e3)
-        self._thread.start()
+        _switch_interval.acquire(ms / 1e3)
+        try:
+            self._thread.start()
+        except BaseException:
+            _switch_interval.release()
+            raise
 
     def add_request(
         self,
@@ -132,6 +165,12 @@ class EngineThread:
 
     # --- engine side ----------------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            _switch_interval.release()
+
+    def _loop(self) -> None:
         engine = self.engine
         while not self._stop.is_set():
             self._apply_commands()

@@ -113,3 +113,25 @@ def test_shutdown_aborts_running_requests():
     assert not et.is_alive
     with pytest.raises(RuntimeError, match="shut down"):
         et.submit([1], SamplingParams())
+
+
+def test_the_switch_interval_is_shortened_while_engines_run_and_then_given_back(monkeypatch):
+    """The GIL switch interval is process state: two engine threads shorten it while either
+    runs, and the last to stop gives back the value it found."""
+    import sys
+
+    monkeypatch.setenv("TINYCHAT_SWITCH_INTERVAL_MS", "2")
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(0.004)
+    try:
+        first = EngineThread(scripted_engine(lambda seed, step: 65))
+        second = EngineThread(scripted_engine(lambda seed, step: 65))
+        first.start()
+        assert sys.getswitchinterval() == pytest.approx(0.002)
+        second.start()
+        first.shutdown()
+        assert not first.is_alive and sys.getswitchinterval() == pytest.approx(0.002)
+        second.shutdown()
+        assert not second.is_alive and sys.getswitchinterval() == pytest.approx(0.004)
+    finally:
+        sys.setswitchinterval(before)
