@@ -93,9 +93,9 @@ def random_hf_tensors(config: Any, seed: int = 0, std: float = 0.02) -> dict[str
     nh, nkv = config.num_attention_heads, config.num_key_value_heads
 
     def mat(rows: int, cols: int) -> np.ndarray:
-        return (rng.standard_normal((rows, cols), dtype=np.float32) * np.float32(std)).astype(
-            np.float32
-        )
+        values = rng.standard_normal((rows, cols), dtype=np.float32)
+        values *= np.float32(std)
+        return values
 
     def vec(n: int) -> np.ndarray:
         return (1.0 + 0.1 * rng.standard_normal(n, dtype=np.float32)).astype(np.float32)

@@ -65,3 +65,22 @@ def test_shapes_are_kept() -> None:
     assert bits.shape == a.shape and bits.dtype == np.uint16
     assert bf16_bits_to_float32(bits).shape == a.shape
     np.testing.assert_allclose(bf16_bits_to_float32(bits), a, rtol=2**-8)
+
+
+def test_chunked_conversion_matches_reference_across_chunk_edges(monkeypatch) -> None:
+    """The conversion works a chunk at a time: NaNs, ties and infinities on either side of a
+    chunk edge, a last chunk that is short, and a strided (non-contiguous) input."""
+    import weights.bf16
+
+    monkeypatch.setattr(weights.bf16, "_CHUNK", 5)
+    rng = np.random.default_rng()
+    values = rng.standard_normal(23).astype(np.float32)
+    values[[4, 5, 14]] = [np.nan, -np.nan, np.inf]  # the last of chunk 1, the first of chunk 2
+    values[9] = np.float32(1.0 + 2.0**-8)  # a tie, the last of chunk 2
+    values[22] = np.array([0x7F800001], np.uint32).view(np.float32)[0]  # low-payload NaN
+    want = [reference_bf16(float(v)) for v in values]
+    assert float32_to_bf16_bits(values).tolist() == want
+    strided = np.stack([values, -values], axis=1)[:, 0]  # a view with stride 8 bytes
+    assert float32_to_bf16_bits(strided).tolist() == want
+    grid = float32_to_bf16_bits(values[:20].reshape(4, 5).T)  # transposed: not C-contiguous
+    assert grid.shape == (5, 4) and grid.T.reshape(-1).tolist() == want[:20]

@@ -24,6 +24,7 @@ import numpy as np
 from numba import float32, int32, int64, uint16, uint64
 
 from gpu.kernels.launch import SIMULATOR, device_function
+from weights.bf16 import float32_to_bf16_bits
 
 if SIMULATOR:
 
@@ -96,13 +97,7 @@ def key_to_f32(key):
 
 def to_bf16_bits(values: np.ndarray) -> np.ndarray:
     """float32 -> bf16 bits, round to nearest even, NaN-safe (what f32_to_bf16 does)."""
-    f32 = np.ascontiguousarray(values, dtype=np.float32)
-    u32 = f32.view(np.uint32)
-    rounded = ((u32 + np.uint32(0x7FFF) + ((u32 >> 16) & 1)) >> 16).astype(np.uint16)
-    nan = np.isnan(f32)
-    if nan.any():
-        rounded[nan] = ((u32[nan] >> 16) | 0x0040).astype(np.uint16)
-    return rounded
+    return float32_to_bf16_bits(np.ascontiguousarray(values, dtype=np.float32))
 
 
 def from_bf16_bits(bits: np.ndarray) -> np.ndarray:
