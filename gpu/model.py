@@ -58,7 +58,7 @@ class LlamaModel:
         self.normed = backend.empty((t, h), "act")
         self.qkv = backend.empty((t, qkv_size), "f32")
         self.attn_out = backend.empty((t, self.num_heads * self.head_dim), "act")
-        self.gate_up = backend.empty((t, 2 * config.intermediate_size), "f32")
+        self.gate_up = backend.empty((t, 2 * config.intermediate_size), "act")
         self.mlp_act = backend.empty((t, config.intermediate_size), "act")
         self.last_residual = backend.empty((s, h), "f32")
         self.last_normed = backend.empty((s, h), "act")

@@ -201,17 +201,18 @@ def test_row_threads_give_about_eight_elements_a_thread():
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast")  # simulator: f64 -> f32
-@pytest.mark.parametrize("rows, inter", [(1, 50), (3, 50), (2, 300)])
+@pytest.mark.parametrize("rows, inter", [(1, 52), (3, 50), (2, 300), (2, 1 << 10), (1, 7)])
 def test_silu_mul(rows, inter):
-    """inter 300: several blocks a row (the simulator's 32 threads x PER 4 = 128 elements a
-    block), the last one part-filled."""
+    """bf16 gate_up. I % 4 == 0 takes the 8-byte-word kernel: 52 (13 words, one part-filled
+    block), 300 (75 words: several blocks a row of the simulator's 32 threads x PER 2 words),
+    1,024; 50 and 7 take the one-element kernel."""
     rng, seed = fresh_rng()
-    gate_up = (rng.standard_normal((rows, 2 * inter)) * 4).astype(np.float32)
-    gate_up[0, :3] = [-200.0, 0.0, 90.0]  # exp overflow gives -0, as in numpy
+    gate_up = to_bf16_bits(rng.standard_normal((rows, 2 * inter)) * 4)
+    gate_up[0, :3] = to_bf16_bits(np.array([-200.0, 0.0, 90.0]))  # exp overflow gives -0
     out = poisoned((rows, inter), np.uint16)
     activation.silu_mul(cuda.to_device(gate_up), out)
     expected = np.zeros((rows, inter), np.float32)
-    cpu.silu_mul(gate_up, expected)
+    cpu.silu_mul(from_bf16_bits(gate_up), expected)
     assert_close(from_bf16_bits(synced(out)), expected, BF16_RTOL, 1e-30, seed, "silu_mul")
 
 

@@ -11,7 +11,8 @@ kernel streams the weights and does the small ops on the way in and out:
     prologue "rmsnorm":  x = rmsnorm(residual) * norm_weight, computed by every block
     epilogue "store":    out[t, n] = x[t] . w[n]                (float32)
     epilogue "add":      out[t, n] += x[t] . w[n]               (out is the residual stream)
-    epilogue "silu":     out[t, i] = silu(x[t] . w[i]) * (x[t] . w[I + i])   (bf16; w = [gate; up])
+    epilogue "silu":     out[t, i] = silu(g) * u, g = bf16(x[t] . w[i]), u = bf16(x[t] . w[I + i])
+                         (bf16 out; w = [gate; up]; g and u rounded as cuBLAS's bf16 product is)
     epilogue "rope":     out = qkv with q and k rotated, and k, v written to the paged KV cache
 
 Shape of the work:
@@ -311,7 +312,9 @@ def gemv_kernel(
             cuda.syncthreads()
             if r < half and t < num_tokens and base + r < n_w // 2:
                 first, second = fin[tid], fin[tid + half * max_tokens]
-                if silu:
+                if silu:  # gate and up as bf16, as the composed path's product stores them
+                    first = bf16_to_f32(f32_to_bf16(first))
+                    second = bf16_to_f32(f32_to_bf16(second))
                     value = first / (float32(1.0) + math.exp(-first)) * second
                     out[t, base + r] = f32_to_bf16(value)
                 else:

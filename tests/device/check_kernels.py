@@ -172,11 +172,11 @@ def full_size() -> dict:
     cpu.rmsnorm(x, w, 1e-5, want)
     out["rmsnorm_256x2048"] = relative_errors(backend.to_host(y), want)
 
-    gu = rng.standard_normal((t, 2 * INTER), np.float32) * 3
+    gu = to_bf16_bits(rng.standard_normal((t, 2 * INTER), np.float32) * 3)
     y = cuda.device_array((t, INTER), np.uint16, stream=stream)
     activation.silu_mul(dev(gu), y, stream)
     want = np.zeros((t, INTER), np.float32)
-    cpu.silu_mul(gu, want)
+    cpu.silu_mul(from_bf16_bits(gu), want)
     out["silu_mul_256x8192"] = relative_errors(backend.to_host(y), want)
 
     table = to_bf16_bits(rng.standard_normal((V, H), np.float32) * 0.02)
@@ -290,7 +290,7 @@ def _decode_times(b: int) -> dict:
     qkv = backend.empty((b, MATRICES["qkv"][0]), "f32")
     attn_out = backend.empty((b, NH * HD), "act")
     proj_out = backend.empty((b, H), "f32")
-    gate_up = backend.empty((b, 2 * INTER), "f32")
+    gate_up = backend.empty((b, 2 * INTER), "act")
     mlp_act = backend.empty((b, INTER), "act")
     last_residual = backend.empty((b, H), "f32")
     last_normed = backend.empty((b, H), "act")
