@@ -48,38 +48,61 @@ def scratch_shapes(simulator: bool) -> tuple:
 
 
 if SIMULATOR:
-    from gpu.kernels.bf16 import bf16_to_f32
+    import numpy as np
 
-    @device_function
-    def _a_elem(fa, row, k):
-        """A[row, k] of the warp's fragments (module docstring), as float32."""
-        word = fa[4 * (row % 8) + (k % 8) // 2, row // 8 + 2 * (k // 8)]
-        return bf16_to_f32((word >> (16 * (k % 2))) & 0xFFFF)
+    # Where each lane's fragment registers sit in A, B and D (the module docstring): for lane
+    # L and register r, the row and column of its low bf16 (the high one is the next column
+    # of A, the next row of B); D's four floats likewise.
+    _G, _C = np.arange(32) // 4, np.arange(32) % 4
+    _A_ROW = np.stack([_G, _G + 8, _G, _G + 8], axis=1)
+    _A_COL = np.stack([2 * _C, 2 * _C, 2 * _C + 8, 2 * _C + 8], axis=1)
+    _B_ROW = np.stack([2 * _C, 2 * _C + 8], axis=1)
+    _B_COL = np.stack([_G, _G], axis=1)
+    _D_ROW = np.stack([_G, _G, _G + 8, _G + 8], axis=1)
+    _D_COL = np.stack([2 * _C, 2 * _C + 1, 2 * _C, 2 * _C + 1], axis=1)
 
-    @device_function
-    def _b_elem(fb, k, col):
-        word = fb[4 * col + (k % 8) // 2, k // 8]
-        return bf16_to_f32((word >> (16 * (k % 2))) & 0xFFFF)
+    def _halves(words) -> tuple[np.ndarray, np.ndarray]:
+        """uint32 words -> (low bf16, high bf16) as float32."""
+        words = np.asarray(words, dtype=np.uint32)
+        low = ((words & 0xFFFF) << 16).view(np.float32)
+        high = (words & 0xFFFF0000).view(np.float32)
+        return low, high
+
+    def _tile(fa, fb, fc) -> None:
+        """D = A @ B + C for the whole warp from its posted fragments, written over fc in the
+        same lane layout (float64 sums, rounded once to float32)."""
+        a = np.zeros((16, 16))
+        low, high = _halves(fa)
+        a[_A_ROW, _A_COL], a[_A_ROW, _A_COL + 1] = low, high
+        b = np.zeros((16, 8))
+        low, high = _halves(fb)
+        b[_B_ROW, _B_COL], b[_B_ROW + 1, _B_COL] = low, high
+        d = np.zeros((16, 8))
+        d[_D_ROW, _D_COL] = np.asarray(fc, dtype=np.float32)
+        d += a @ b
+        fc[:, :] = d[_D_ROW, _D_COL].astype(np.float32)
 
     @device_function
     def mma_m16n8k16(fa, fb, fc, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
         """The simulator twin of mma_bf16_m16n8k16 (one warp = the simulator's 32-thread
-        block): the lanes post their fragments to shared memory, each computes its four D
-        elements from the whole A and B, exactly as the layout says."""
+        block): the lanes post their fragments to shared memory, lane 0 computes the tile as
+        the layout says, and each lane takes its four D elements back."""
         lane = cuda.threadIdx.x % 32
         fa[lane, 0], fa[lane, 1], fa[lane, 2], fa[lane, 3] = a0, a1, a2, a3
         fb[lane, 0], fb[lane, 1] = b0, b1
         fc[lane, 0], fc[lane, 1], fc[lane, 2], fc[lane, 3] = c0, c1, c2, c3
         cuda.syncthreads()
-        g = lane // 4
-        col = 2 * (lane % 4)
-        d = [float(fc[lane, e]) for e in range(4)]
-        for e in range(4):
-            row = g + 8 * (e // 2)
-            for k in range(16):
-                d[e] += float(_a_elem(fa, row, k)) * float(_b_elem(fb, k, col + e % 2))
+        if lane == 0:
+            _tile(fa, fb, fc)
         cuda.syncthreads()
-        return types.float32(d[0]), types.float32(d[1]), types.float32(d[2]), types.float32(d[3])
+        # No barrier after: a lane reads and next posts only its own row of fc, and lane 0
+        # overwrites them only after the next call's first barrier.
+        return (
+            types.float32(fc[lane, 0]),
+            types.float32(fc[lane, 1]),
+            types.float32(fc[lane, 2]),
+            types.float32(fc[lane, 3]),
+        )
 
 else:
     from llvmlite import ir
