@@ -217,3 +217,46 @@ def attention_device_args(case):
         cuda.to_device(b.query_start_loc),
         cuda.to_device(b.seq_lens),
     )
+
+
+@dataclass
+class RopeEpilogueCase:
+    """The inputs of a fused rope + KV-write epilogue (gemv.py, gemv_mma.py) for t tokens, the
+    last one a padding row (slot -1, no cache write) when t > 1: host twins and device args."""
+
+    positions: np.ndarray
+    slots: np.ndarray
+    cos: np.ndarray
+    sin: np.ndarray
+    k_cache: np.ndarray  # [6, 4, nkv, hd] float32, zeros: the twin's cache
+    v_cache: np.ndarray
+    args: object  # gemv.RopeArgs over device copies (bf16 caches, zeros)
+
+    def expected(self, qkv: np.ndarray, num_heads: int, num_kv_heads: int, head_dim: int):
+        """The composed ops' result: qkv rotated in place, k and v written to the twin cache."""
+        from gpu.backends.cpu import CpuBackend
+
+        CpuBackend().rope_kv_write(
+            qkv, self.positions, self.cos, self.sin, self.k_cache, self.v_cache, self.slots,
+            num_heads, num_kv_heads, head_dim,
+        )  # fmt: skip
+
+
+def rope_epilogue_case(rng, t: int, num_heads: int, num_kv_heads: int, head_dim: int):
+    from gpu.kernels.gemv import RopeArgs
+    from gpu.rope import rope_cos_sin
+
+    cos, sin = rope_cos_sin(head_dim, 10000.0, 64, None)
+    positions = rng.integers(0, 64, t).astype(np.int32)
+    slots = rng.permutation(24)[:t].astype(np.int32)
+    if t > 1:
+        slots[-1] = -1
+    shape = (6, 4, num_kv_heads, head_dim)  # 6 blocks of 4 tokens
+    d_k = cuda.to_device(np.zeros(shape, np.uint16))
+    d_v = cuda.to_device(np.zeros(shape, np.uint16))
+    args = RopeArgs(
+        cuda.to_device(positions), cuda.to_device(cos), cuda.to_device(sin), d_k, d_v,
+        cuda.to_device(slots), num_heads, head_dim,
+    )  # fmt: skip
+    zeros = np.zeros(shape, np.float32)
+    return RopeEpilogueCase(positions, slots, cos, sin, zeros, zeros.copy(), args)

@@ -30,6 +30,7 @@ MODULES = [
     "gpu.kernels.sampling",
     "gpu.kernels.argmax",
     "gpu.kernels.gemv",
+    "gpu.kernels.gemv_mma",
     "gpu.kernels.mma",
 ]
 

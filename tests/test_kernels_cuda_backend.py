@@ -16,7 +16,7 @@ from kernel_helpers import gpu_code_path
 from gpu import EngineConfig, SamplingParams
 from gpu.backends.cpu import CpuBackend
 from gpu.backends.cuda import CudaBackend
-from gpu.kernels import attention_decode
+from gpu.kernels import attention_decode, gemv_mma
 from gpu.kernels.bf16 import round_to_bf16
 from gpu.loader import build_engine
 from gpu.model_weights import random_hf_tensors
@@ -48,8 +48,9 @@ def _logits(engine) -> np.ndarray:
     return recorder.model.backend.to_host(recorder.model.logits[: recorder.rows])
 
 
-# Steps of one token run gpu/kernels/gemv.py's fused kernels; larger ones the composed ops
-# over the (simulated) cuBLAS path. Three prompts: chunked prefill mixed with decodes of 2-3
+# Steps of one token run gpu/kernels/gemv.py's fused kernels; on a GPU, steps of 2-8 tokens
+# gemv_mma.py's; larger ones (all of them in the simulator) the composed ops over the
+# (simulated) cuBLAS path. Three prompts: chunked prefill mixed with decodes of 2-3
 # sequences, then single-sequence decode steps as they finish; one prompt: every decode step
 # is a single token.
 PROMPTS = [[5, 17, 33, 2, 9, 41, 7], [11, 3], [60, 61, 62, 63, 64]]
@@ -78,6 +79,19 @@ def test_engine_steps_with_the_tensor_core_decode(monkeypatch):
         default = attention_decode.decode_kernel(64, 4, 16)
         assert default is attention_decode.decode_kernel(64, 4, 16, tensor_cores=True)
         _compare_steps(config, PROMPTS, block_size=16, budget=8, max_tokens=6)
+
+
+def test_engine_steps_through_the_tensor_core_gemv(monkeypatch):
+    """Steps of 2-8 tokens through gpu/kernels/gemv_mma.py (rmsnorm, then the product with
+    its rope / SiLU / residual epilogue), as on a GPU; the simulator sends them to the
+    composed ops unless told to (its mma twin is slow). Prefill chunks of up to 8 tokens and
+    decodes of 2 sequences."""
+    monkeypatch.setattr(gemv_mma, "SERVE_TOKENS", gemv_mma.MAX_TOKENS)
+    config = tiny_config(
+        num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        hidden_size=48, intermediate_size=64, vocab_size=96,
+    )  # fmt: skip
+    _compare_steps(config, PROMPTS[:2], block_size=4, budget=8, max_tokens=2)
 
 
 def _compare_steps(config, prompts, block_size: int, budget: int, max_tokens: int) -> None:

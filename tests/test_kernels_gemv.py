@@ -7,13 +7,19 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kernel_helpers import assert_close, bf16_values, fresh_rng, poisoned, synced
+from kernel_helpers import (
+    assert_close,
+    bf16_values,
+    fresh_rng,
+    poisoned,
+    rope_epilogue_case,
+    synced,
+)
 from numba import cuda
 
 from gpu.backends.cpu import CpuBackend
 from gpu.kernels import gemv
 from gpu.kernels.bf16 import from_bf16_bits, round_to_bf16, to_bf16_bits
-from gpu.rope import rope_cos_sin
 
 cpu = CpuBackend()
 RTOL = 2.0**-7  # one bf16 rounding of an output
@@ -114,27 +120,15 @@ def test_rmsnorm_qkv_rope_matches_the_composition(t, nh, nkv, hd, k):
     rng, seed = fresh_rng()
     n = (nh + 2 * nkv) * hd
     _, w, residual, norm_w = _inputs(rng, t, k, n)
-    cos, sin = rope_cos_sin(hd, 10000.0, 64, None)
-    positions = rng.integers(0, 64, t).astype(np.int32)
-    slots = rng.permutation(24)[:t].astype(np.int32)
-    slots[-1] = -1 if t > 1 else slots[-1]
-    shape = (6, 4, nkv, hd)  # 6 blocks of 4 tokens
-    k_cache, v_cache = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
-    d_k, d_v = (
-        cuda.to_device(np.zeros(shape, np.uint16)),
-        cuda.to_device(np.zeros(shape, np.uint16)),
-    )
+    case = rope_epilogue_case(rng, t, nh, nkv, hd)
     qkv = poisoned((t, n), np.float32)
-    rope = gemv.RopeArgs(
-        cuda.to_device(positions), cuda.to_device(cos), cuda.to_device(sin), d_k, d_v,
-        cuda.to_device(slots), nh, hd,
-    )  # fmt: skip
     gemv.gemv(None, cuda.to_device(to_bf16_bits(w)), qkv, epilogue="rope",
               residual=cuda.to_device(residual), norm_weight=cuda.to_device(norm_w), eps=1e-5,
-              rope=rope)  # fmt: skip
+              rope=case.args)  # fmt: skip
     want = np.empty((t, n), np.float32)
     cpu.linear(_normed_bf16(residual, norm_w), w, want)
-    cpu.rope_kv_write(want, positions, cos, sin, k_cache, v_cache, slots, nh, nkv, hd)
+    case.expected(want, nh, nkv, hd)
+    k_cache, v_cache, (d_k, d_v) = case.k_cache, case.v_cache, case.args[3:5]
     assert_close(synced(qkv), want, 1e-5, NORM_ATOL, seed, "gemv rope: qkv")
     assert_close(from_bf16_bits(synced(d_k)), round_to_bf16(k_cache), RTOL, NORM_ATOL, seed, "k")
     assert_close(from_bf16_bits(synced(d_v)), round_to_bf16(v_cache), RTOL, NORM_ATOL, seed, "v")

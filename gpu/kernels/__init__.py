@@ -7,9 +7,11 @@ gpu/sampling/numpy_sampler.py for the sampler).
                          shared-memory tree in the simulator
     embedding.py         token embedding lookup, gather_rows
     gemv.py              decode matrix-vector products with RMSNorm / rope+KV / SiLU / residual
-                         fused in
-    rmsnorm.py           rmsnorm, for prefill steps and the composed path (decode steps fuse
-                         the norm into gemv.py's prologue)
+                         fused in (one-token steps)
+    gemv_mma.py          the same products for steps of 2-8 tokens, the tokens riding along in
+                         tensor-core instructions, rope+KV / SiLU / residual fused in
+    rmsnorm.py           rmsnorm, for prefill steps, gemv_mma.py and the composed path
+                         (one-token steps fuse the norm into gemv.py's prologue)
     rope_kv.py           rotate-half RoPE fused with the paged KV-cache write
     attention_decode.py  paged decode attention: thread group per token, shuffles, split-KV
     attention_prefill.py paged causal attention for prefill chunks and mixed batches
@@ -17,13 +19,14 @@ gpu/sampling/numpy_sampler.py for the sampler).
     sampling.py          greedy / temperature / top-k / top-p / min-p / penalties / bans
     argmax.py            the all-greedy fast path: two-stage argmax over vocabulary chunks
     launch.py            the simulator switch and block sizes
-    mma.py               tensor cores through inline PTX: mma.sync m16n8k16 bf16 (a building
-                         block, checked on the device; no kernel uses it yet)
+    mma.py               tensor cores through inline PTX: mma.sync m16n8k16 bf16 (the decode
+                         attention's tensor-core walk and gemv_mma.py use it)
     pdl.py               griddepcontrol.wait: every kernel waits for its predecessor there, so
                          a graph may launch it early (programmatic dependent launch)
 
-The matrix products of decode steps (at most gemv.MAX_TOKENS tokens) go through gemv.py; those
-of larger steps (prefill, big decode batches) are not here: they go through cuBLAS
+The matrix products of one-token steps go through gemv.py, those of 2-8 tokens through
+gemv_mma.py (but for long rows and the LM head: see its SERVE_MAX_K / SERVE_MAX_N); those of
+larger steps (prefill, big decode batches) are not here: they go through cuBLAS
 (gpu/backends/cuda/cublas.py).
 
 Kernels compile on first use (once per process per argument types) and are cached on disk

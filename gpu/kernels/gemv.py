@@ -53,7 +53,8 @@ qkv 9.1 us (cuBLAS 9.5), o_proj 7.4 (9.2), gate_up 22.9 (21.4), down 13.3 (16.0)
 123.6 (127.1; 4.25 TB/s). The small matrices are latency-bound, not bandwidth-bound (a kernel
 costs ~5 us however small), so the gain is mostly the launches fused away: a batch-1 step went
 from 1.67 to 1.39 ms. At 4-8 tokens the kernel loses to cuBLAS, so the backend sends it only
-single-token steps (DECODE_TOKENS). What would make it stream faster: persistent blocks that
+single-token steps (DECODE_TOKENS); steps of 2-8 tokens go to the tensor-core twin of this
+kernel, gemv_mma.py. What would make it stream faster: persistent blocks that
 load the next rows while reducing the current ones, instead of ~3 waves of short blocks.
 
 numpy twins: CpuBackend.linear, rmsnorm_linear, linear_residual, rmsnorm_gate_up_silu and

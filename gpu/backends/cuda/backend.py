@@ -24,7 +24,15 @@ from gpu.backends.cuda.cublas import SimulatorGemm
 from gpu.backends.cuda.cublaslt import make_gemm
 from gpu.backends.cuda.sampler import DeviceSampler
 from gpu.forward_batch import ForwardBatch
-from gpu.kernels import activation, attention_decode, attention_prefill, embedding, gemv, rmsnorm
+from gpu.kernels import (
+    activation,
+    attention_decode,
+    attention_prefill,
+    embedding,
+    gemv,
+    gemv_mma,
+    rmsnorm,
+)
 from gpu.kernels import rope_kv as rope_kernels
 from gpu.kernels.bf16 import from_bf16_bits, to_bf16_bits
 from gpu.kernels.launch import SIMULATOR
@@ -196,8 +204,9 @@ class CudaBackend(ComposedOps):
         rmsnorm.rmsnorm(x, weight, eps, out, self.stream)
         self.check("rmsnorm")
 
-    # Matrix products: a step of a few tokens streams the weights through gemv.py's kernel with
-    # the ops around the product fused in; larger steps go to cuBLAS (tensor cores), with the
+    # Matrix products: a one-token step streams the weights through gemv.py's kernel with the
+    # ops around the product fused in; a step of 2-8 tokens through gemv_mma.py's (tensor
+    # cores; the RMSNorm before it a kernel of its own); larger steps go to cuBLAS, with the
     # fused ops composed from the basic kernels (ComposedOps) or folded into cuBLAS (beta = 1).
     def linear(self, x: Any, w: Any, out: Any) -> None:
         """The plain product: the model reaches it only through the composed ops, i.e. for
@@ -208,6 +217,11 @@ class CudaBackend(ComposedOps):
     def rmsnorm_linear(
         self, residual: Any, norm_weight: Any, eps: float, w: Any, out: Any, normed: Any
     ) -> None:
+        if gemv_mma.serves(residual.shape[0], w):
+            self.rmsnorm(residual, norm_weight, eps, normed)
+            gemv_mma.gemv_mma(normed, w, out, stream=self.stream)
+            self.check("rmsnorm_linear")
+            return
         if not gemv.serves(*residual.shape):
             return super().rmsnorm_linear(residual, norm_weight, eps, w, out, normed)
         gemv.gemv(
@@ -219,14 +233,19 @@ class CudaBackend(ComposedOps):
         self, residual, norm_weight, eps, w, qkv, normed, positions, cos, sin, k_cache, v_cache,
         slot_mapping, num_heads, num_kv_heads, head_dim,
     ) -> None:  # fmt: skip
+        rope = gemv.RopeArgs(
+            positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads, head_dim
+        )
+        if gemv_mma.serves(residual.shape[0], w):
+            self.rmsnorm(residual, norm_weight, eps, normed)
+            gemv_mma.gemv_mma(normed, w, qkv, epilogue="rope", rope=rope, stream=self.stream)
+            self.check("rmsnorm_qkv_rope")
+            return
         if not gemv.serves(*residual.shape):
             return super().rmsnorm_qkv_rope(
                 residual, norm_weight, eps, w, qkv, normed, positions, cos, sin, k_cache,
                 v_cache, slot_mapping, num_heads, num_kv_heads, head_dim,
             )  # fmt: skip
-        rope = gemv.RopeArgs(
-            positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads, head_dim
-        )
         gemv.gemv(
             None, w, qkv, epilogue="rope", residual=residual, norm_weight=norm_weight, eps=eps,
             rope=rope, stream=self.stream,
@@ -236,6 +255,8 @@ class CudaBackend(ComposedOps):
     def linear_residual(self, x: Any, w: Any, residual: Any, scratch: Any) -> None:
         if gemv.serves(*x.shape):
             gemv.gemv(x, w, residual, epilogue="add", stream=self.stream)
+        elif gemv_mma.serves(x.shape[0], w):
+            gemv_mma.gemv_mma(x, w, residual, epilogue="add", stream=self.stream)
         else:
             self.gemm.linear(x, w, residual, accumulate=True)
         self.check("linear_residual")
@@ -250,6 +271,11 @@ class CudaBackend(ComposedOps):
         normed: Any,
         gate_up: Any,
     ) -> None:
+        if gemv_mma.serves(residual.shape[0], w):
+            self.rmsnorm(residual, norm_weight, eps, normed)
+            gemv_mma.gemv_mma(normed, w, out, epilogue="silu", stream=self.stream)
+            self.check("rmsnorm_gate_up_silu")
+            return
         if not gemv.serves(*residual.shape):
             return super().rmsnorm_gate_up_silu(residual, norm_weight, eps, w, out, normed, gate_up)
         gemv.gemv(

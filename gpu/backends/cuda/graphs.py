@@ -24,14 +24,20 @@ the default: port LAUNCH_ORDER) or has exited (1: port PROGRAMMATIC, with no ear
 the kernels); 0 keeps the captured edges. Edges into cuBLAS's kernels, which do not wait, and
 into memory copies stay as captured.
 
-Only graphs of steps of at most PDL_MAX_TOKENS tokens ($TINYCHAT_PDL_MAX_TOKENS, default 1)
-get them. Measured on the H200 (tests/device/trace_step.py and `tinychat bench`, sixth
-session): a batch-1 step, ~85 latency-bound kernels, went from 997 to 933 us of GPU span
-(Llama-3.2-1B; 968 -> 1,022 tok/s) and from 740 to 632 us for SmolLM2-135M (1,286 -> 1,405
-tok/s); at batch 8 and 256, where cuBLAS's products fill the GPU and our kernels' early blocks
-only wait beside them, the step was 3-5% slower (batch 8: 6,658 -> 6,447 tok/s, a traced
-span of 1,180 -> 1,217 us; batch 256: 100,715 -> 95,970 tok/s), and batch 64 moved within
-noise (+2%).
+Only graphs of steps of at most PDL_MAX_TOKENS tokens ($TINYCHAT_PDL_MAX_TOKENS, default 8) get
+them: the steps whose products are our kernels (gemv.py at one token, gemv_mma.py at 2-8) and
+whose weights can stream while the kernel before them drains. Measured on the H200
+(tests/device/trace_step.py and `tinychat bench`, sixth session): a batch-1 step, ~85 latency-
+bound kernels, went from 997 to 933 us of GPU span (Llama-3.2-1B; 968 -> 1,022 tok/s) and from
+740 to 632 us for SmolLM2-135M (1,286 -> 1,405 tok/s); at batch 8 and 256, where cuBLAS's
+products fill the GPU and our kernels' early blocks only wait beside them, the step was 3-5%
+slower (batch 8: 6,658 -> 6,447 tok/s, a traced span of 1,180 -> 1,217 us; batch 256: 100,715
+-> 95,970 tok/s), and batch 64 moved within noise (+2%). With gemv_mma.py serving 2-8 tokens
+(tenth session, `tinychat bench decode --batches 2,4,8`, edges up to 1 / 8 tokens):
+SmolLM2-135M 2,075 / 4,105 / 8,239 tok/s with cuBLAS and no edges, 2,636 / 5,168 / 9,969 with
+gemv_mma and edges (2,4,8: +21-27%); Llama-3.2-1B 1,770 / 3,502 / 6,875 -> 1,789 / 3,535 /
+6,821 (within 1%), and gemv_mma without the edges was 4-7% slower than cuBLAS. So the edges now
+reach 8 tokens.
 
 The driver calls go through cuda.bindings on the stream handle Numba owns.
 """
@@ -47,7 +53,7 @@ from gpu.kernels.launch import env_choice
 
 PDL_ENV = "TINYCHAT_PDL"
 PDL = env_choice(PDL_ENV, 2, (0, 1, 2))  # read once, at import
-PDL_MAX_TOKENS = env_choice("TINYCHAT_PDL_MAX_TOKENS", 1, range(1 << 20))
+PDL_MAX_TOKENS = env_choice("TINYCHAT_PDL_MAX_TOKENS", 8, range(1 << 20))
 # Numba mangles a kernel's qualified name: gpu.kernels.<module>.<function> begins like this.
 OUR_KERNEL_PREFIX = b"_ZN3gpu7kernels"
 
