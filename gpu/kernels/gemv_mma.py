@@ -21,8 +21,8 @@ in every block, as gemv.py does for one token, would read all T residual rows pe
 Shape of the work:
 
 * One block owns one m-tile: the 16 weight rows a warp's A operand holds (lane g * 4 + c holds
-  rows g and g + 8), or, with ROWS_PER_LANE 1 (long rows), 8 rows g with rows g + 8 a copy
-  that is never stored. Paired epilogues put the two halves of an output in rows g and g + 8:
+  rows g and g + 8), or, for long rows (plan's rows_per_lane 1), 8 rows g with rows g + 8 a
+  copy that is never stored. Paired epilogues put the two halves of an output in rows g and g + 8:
   gate row i and up row I + i, or the two dimensions of a rotation pair (gemv.pair_row), so
   both land in the same thread's accumulators (d0/d1 and d2/d3) and the epilogue needs no
   exchange.
@@ -50,12 +50,14 @@ adds to the step, us: rmsnorm + qkv-with-rope 9.0 against 12.2 for rmsnorm, cuBL
 rope kernel; o_proj + residual 3.8-4.4 against 6.4; rmsnorm + gate_up-with-SiLU 24.0 against
 25.9; but down (K = 8,192: 8 rows a block, 512 threads) 19.2 against cuBLAS's 13.2, and the LM
 head lost too, so both stay with cuBLAS (SERVE_MAX_K, SERVE_MAX_N). Whole steps (`tinychat
-bench decode --batches 2,4,8`): SmolLM2-135M, whose every product this kernel serves, 2,075 /
-4,105 / 8,239 -> 2,636 / 5,168 / 9,969 tok/s (+21-27%); Llama-3.2-1B within 1% (1,789 /
-3,535 / 6,821 against 1,770 / 3,502 / 6,875): its gate_up streams slower than cuBLAS's, which
-eats what the fused launches save. What would make it pay there: more rows a block for gate_up
-(x is read once per 16 rows, 32 KB per 64 KB of weights at 8 tokens), and a K loop for long
-rows instead of holding all of a block's weights in registers.
+bench decode --batches 2,4,8`): SmolLM2-135M, all of whose products but the LM head this
+kernel serves, 2,075 / 4,105 / 8,239 -> 2,636 / 5,168 / 9,969 tok/s (+21-27%); Llama-3.2-1B
+within 1% (1,789 / 3,535 / 6,821 against 1,770 / 3,502 / 6,875). There, most likely, what the
+fused ops save is lost around the products still on cuBLAS (down, the LM head), beside which
+our kernels' early-launched blocks only wait: programmatic edges cost a cuBLAS batch-8 graph
+3.5% (same session). What would make it pay: a K loop for long rows instead of holding a
+block's whole K in registers, so down moves here too, and more rows a block for gate_up (x is
+read once per 16 rows: 32 KB per 64 KB of weights at 8 tokens).
 
 numpy twins: the composed ops of the cpu backend (linear, linear_residual, silu_mul,
 rope_kv_write), as for gemv.py.
