@@ -46,6 +46,14 @@ def silu_times(gate, up):
     return gate / (float32(1.0) + math.exp(-gate)) * up
 
 
+@device_function
+def silu_of_products(gate, up):
+    """silu(gate) * up for the float32 sums of a fused product's epilogue (gemv.py,
+    gemv_mma.py): both rounded to bf16 first, as the composed path's bf16 product stores them,
+    so every path computes one function."""
+    return silu_times(bf16_to_f32(f32_to_bf16(gate)), bf16_to_f32(f32_to_bf16(up)))
+
+
 @cuda.jit(cache=True)
 def silu_mul_words_kernel(gate_up, out):
     """gate_up [T, I / 2] and out [T, I / 4] as uint64 words of four bf16."""

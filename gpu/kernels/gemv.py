@@ -71,6 +71,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from numba import cuda, float32, uint64
 
+from gpu.kernels.activation import silu_of_products
 from gpu.kernels.bf16 import bf16_of_word, bf16_to_f32, f32_to_bf16
 from gpu.kernels.launch import SIMULATOR, cdiv, device_function, threads
 from gpu.kernels.pdl import grid_dependency_sync
@@ -313,11 +314,8 @@ def gemv_kernel(
             cuda.syncthreads()
             if r < half and t < num_tokens and base + r < n_w // 2:
                 first, second = fin[tid], fin[tid + half * max_tokens]
-                if silu:  # gate and up as bf16, as the composed path's product stores them
-                    first = bf16_to_f32(f32_to_bf16(first))
-                    second = bf16_to_f32(f32_to_bf16(second))
-                    value = first / (float32(1.0) + math.exp(-first)) * second
-                    out[t, base + r] = f32_to_bf16(value)
+                if silu:
+                    out[t, base + r] = f32_to_bf16(silu_of_products(first, second))
                 else:
                     rope_store(
                         base + r, t, first, second, rc, rs, slot, out, k_cache, v_cache,

@@ -66,7 +66,6 @@ rope_kv_write), as for gemv.py.
 from __future__ import annotations
 
 import functools
-import math
 import os
 from typing import Any
 
@@ -74,7 +73,8 @@ import numpy as np
 from numba import cuda, float32, uint32, uint64
 
 from gpu.kernels import mma
-from gpu.kernels.bf16 import bf16_to_f32, f32_to_bf16
+from gpu.kernels.activation import silu_of_products
+from gpu.kernels.bf16 import f32_to_bf16
 from gpu.kernels.gemv import RopeArgs, _no_rope, pair_row, rope_inputs, rope_store
 from gpu.kernels.launch import SIMULATOR, cdiv, device_function
 from gpu.kernels.pdl import grid_dependency_sync
@@ -86,6 +86,9 @@ CHUNK = 32  # k per chunk: 4 lanes x 8 bf16
 # A thread's weight registers: chunks_per_warp x rows_per_lane x 16 bytes <= 16 x 16 bytes.
 MAX_CHUNK_ROWS = 16
 MAX_WARPS = 32
+# Two weight rows a lane (16 a block) while that fits in this many warps (K <= 2,048); longer
+# rows load one (8 a block), so a block stays at 256 threads for K up to 4,096.
+TWO_ROW_WARPS = 8
 # The largest step the backend sends here ($TINYCHAT_GEMV_MMA_TOKENS; 0 or 1: never). Not in
 # the CUDA simulator by default: its mma twin costs two block barriers per instruction (~60 ms
 # of Python threads), which would make every simulated engine step of 2-8 tokens minutes long;
@@ -104,7 +107,8 @@ FA_SHAPE, FB_SHAPE, FC_SHAPE = mma.scratch_shapes(SIMULATOR)
 def plan(k: int, epilogue: str) -> tuple[int, int, int]:
     """(rows a lane loads: 1 or 2, warps a block, chunks a warp) for rows of k inputs."""
     chunks = cdiv(k, CHUNK)
-    rows_per_lane = 2 if epilogue in PAIRED or chunks * 2 <= MAX_CHUNK_ROWS * 8 else 1
+    two_rows_fit = chunks * 2 <= MAX_CHUNK_ROWS * TWO_ROW_WARPS
+    rows_per_lane = 2 if epilogue in PAIRED or two_rows_fit else 1
     if SIMULATOR:  # one warp a block there: every chunk in one warp
         return rows_per_lane, 1, chunks
     warps = min(MAX_WARPS, max(1, cdiv(chunks * rows_per_lane, MAX_CHUNK_ROWS)))
@@ -113,12 +117,9 @@ def plan(k: int, epilogue: str) -> tuple[int, int, int]:
 
 @device_function
 def silu_store(out, t, i, gate, up, num_tokens):
-    """out[t, i] = silu(gate) * up, both rounded to bf16 first (the composed path's product
-    is bf16)."""
+    """out[t, i] = silu(gate) * up (activation.silu_of_products) for a token of the step."""
     if t < num_tokens:
-        gate = bf16_to_f32(f32_to_bf16(gate))
-        up = bf16_to_f32(f32_to_bf16(up))
-        out[t, i] = f32_to_bf16(gate / (float32(1.0) + math.exp(-gate)) * up)
+        out[t, i] = f32_to_bf16(silu_of_products(gate, up))
 
 
 @device_function
@@ -279,6 +280,13 @@ def gemv_mma_kernel(k: int, rows_per_lane: int, warps: int, chunks_per_warp: int
     return cuda.jit(cache=True)(kernel)
 
 
+def num_blocks(n: int, rows_per_lane: int, epilogue: str) -> int:
+    """The grid for w of n rows: 8 output pairs a block (paired epilogues), else 16 or 8 rows."""
+    if epilogue in PAIRED:
+        return cdiv(n // 2, 8)
+    return cdiv(n, 16 if rows_per_lane == 2 else 8)
+
+
 def supports(num_tokens: int, k: int) -> bool:
     return MIN_TOKENS <= num_tokens <= MAX_TOKENS and k % 8 == 0 and k >= 8
 
@@ -305,8 +313,7 @@ def gemv_mma(x, w, out, *, epilogue: str = "store", rope: RopeArgs | None = None
         raise ValueError("gemv_mma: the rope epilogue, and only it, takes rope arguments")
     rows_per_lane, warps, chunks_per_warp = plan(k, epilogue)
     kernel = gemv_mma_kernel(k, rows_per_lane, warps, chunks_per_warp, epilogue)
-    n = w.shape[0]
-    blocks = cdiv(n // 2, 8) if epilogue in PAIRED else cdiv(n, 16 if rows_per_lane == 2 else 8)
+    blocks = num_blocks(w.shape[0], rows_per_lane, epilogue)
     args: Any = rope or _no_rope()
     kernel[blocks, 32 * warps, stream](x.view(np.uint64), w.view(np.uint64), out, t, *args)
 

@@ -60,7 +60,7 @@ def case(shape, t: int, gemm: CublasGemm) -> dict:
     args = gemv_mma._no_rope()
     for rows, warps, per in configs(k, epilogue):
         kernel = gemv_mma.gemv_mma_kernel(k, rows, warps, per, epilogue)
-        blocks = cdiv(n // 2, 8) if epilogue == "silu" else cdiv(n, 16 if rows == 2 else 8)
+        blocks = gemv_mma.num_blocks(n, rows, epilogue)
 
         def run(i, kernel=kernel, blocks=blocks, warps=warps):
             w = pool[i % len(pool)]

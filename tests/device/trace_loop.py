@@ -4,15 +4,13 @@ trace_step.py replays one graph and sees only its kernels. The engine's real loo
 step: the upload of the step's inputs (one host-to-device copy), the graph launch, the copy
 of the sampled ids back, and whatever the host does between them. This script runs the real
 loop (`decode_run`, async scheduling, graphs) under torch.profiler, whose CUPTI tracing
-records every kernel and copy on the GPU and every driver call on the host, and splits each
+records every kernel and copy on the GPU, and splits each
 steady-state decode step into:
 
     period   first kernel of step N -> first kernel of step N+1 (the wall time of a token)
     span     first kernel -> last kernel of the step (what trace_step.py measures)
     gap      last kernel of N -> first kernel of N+1 (copies, the graph launch, idle)
     copies   the step's memcpy durations on the GPU, and when each ran (after the last kernel)
-    lead     how long before the GPU finished step N the host launched step N+1's graph
-             (negative: the GPU waited for the host)
 
 Steps are cut at the embedding kernel, the first kernel of every step.
 
@@ -40,7 +38,7 @@ def profile_events(fn) -> list[dict]:
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
     path = os.path.join(tempfile.mkdtemp(), "trace.json")
@@ -54,9 +52,6 @@ def split_steps(events: list[dict]) -> dict:
         for e in events
         if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
     )
-    launches = sorted(
-        e["ts"] for e in events if e.get("cat") == "cuda_driver" and "GraphLaunch" in e["name"]
-    )
     starts = [i for i, g in enumerate(gpu) if g[2] == "kernel" and "embedding_kernel" in g[3]]
     rows = []
     # Skip the first steps (prefill, pipeline start) and the last (drain).
@@ -66,8 +61,6 @@ def split_steps(events: list[dict]) -> dict:
         copies = [g for g in step if g[2] != "kernel"]
         last_end = max(g[1] for g in kernels)
         nxt = gpu[b][0]
-        # the graph launch whose kernels start at `nxt`: the latest launch before it
-        launch = max((t for t in launches if t <= nxt), default=None)
         rows.append(
             {
                 "period": nxt - step[0][0],
@@ -77,7 +70,6 @@ def split_steps(events: list[dict]) -> dict:
                 # after the step's last kernel: (start, end) of each copy, in us
                 "after": [(round(c[0] - last_end, 2), round(c[1] - last_end, 2)) for c in copies],
                 "kernels": len(kernels),
-                "lead": None if launch is None else last_end - launch,
             }
         )
     if not rows:
@@ -86,7 +78,6 @@ def split_steps(events: list[dict]) -> dict:
     def med(key: str) -> float:
         return round(statistics.median(r[key] for r in rows), 2)
 
-    leads = [r["lead"] for r in rows if r["lead"] is not None]
     return {
         "steps": len(rows),
         "period_us": med("period"),
@@ -96,9 +87,6 @@ def split_steps(events: list[dict]) -> dict:
         "kernels": rows[0]["kernels"],
         "copies_us": rows[len(rows) // 2]["copies"],
         "copies_after_last_kernel_us": rows[len(rows) // 2]["after"],
-        "lead_us_median": round(statistics.median(leads), 1) if leads else None,
-        "lead_us_min": round(min(leads), 1) if leads else None,
-        "graph_launches": len(launches),
     }
 
 

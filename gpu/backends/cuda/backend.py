@@ -208,6 +208,15 @@ class CudaBackend(ComposedOps):
     # ops around the product fused in; a step of 2-8 tokens through gemv_mma.py's (tensor
     # cores; the RMSNorm before it a kernel of its own); larger steps go to cuBLAS, with the
     # fused ops composed from the basic kernels (ComposedOps) or folded into cuBLAS (beta = 1).
+    def _rmsnorm_mma(
+        self, op, residual, norm_weight, eps, normed, w, out, epilogue="store", rope=None
+    ) -> None:
+        """A fused op of a 2-8-token step: the rmsnorm kernel, then gemv_mma.py's product with
+        the op's epilogue."""
+        self.rmsnorm(residual, norm_weight, eps, normed)
+        gemv_mma.gemv_mma(normed, w, out, epilogue=epilogue, rope=rope, stream=self.stream)
+        self.check(op)
+
     def linear(self, x: Any, w: Any, out: Any) -> None:
         """The plain product: the model reaches it only through the composed ops, i.e. for
         steps the fused kernels do not serve, so it is always cuBLAS."""
@@ -218,10 +227,7 @@ class CudaBackend(ComposedOps):
         self, residual: Any, norm_weight: Any, eps: float, w: Any, out: Any, normed: Any
     ) -> None:
         if gemv_mma.serves(residual.shape[0], w):
-            self.rmsnorm(residual, norm_weight, eps, normed)
-            gemv_mma.gemv_mma(normed, w, out, stream=self.stream)
-            self.check("rmsnorm_linear")
-            return
+            return self._rmsnorm_mma("rmsnorm_linear", residual, norm_weight, eps, normed, w, out)
         if not gemv.serves(*residual.shape):
             return super().rmsnorm_linear(residual, norm_weight, eps, w, out, normed)
         gemv.gemv(
@@ -237,10 +243,9 @@ class CudaBackend(ComposedOps):
             positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads, head_dim
         )
         if gemv_mma.serves(residual.shape[0], w):
-            self.rmsnorm(residual, norm_weight, eps, normed)
-            gemv_mma.gemv_mma(normed, w, qkv, epilogue="rope", rope=rope, stream=self.stream)
-            self.check("rmsnorm_qkv_rope")
-            return
+            return self._rmsnorm_mma(
+                "rmsnorm_qkv_rope", residual, norm_weight, eps, normed, w, qkv, "rope", rope
+            )
         if not gemv.serves(*residual.shape):
             return super().rmsnorm_qkv_rope(
                 residual, norm_weight, eps, w, qkv, normed, positions, cos, sin, k_cache,
@@ -272,10 +277,9 @@ class CudaBackend(ComposedOps):
         gate_up: Any,
     ) -> None:
         if gemv_mma.serves(residual.shape[0], w):
-            self.rmsnorm(residual, norm_weight, eps, normed)
-            gemv_mma.gemv_mma(normed, w, out, epilogue="silu", stream=self.stream)
-            self.check("rmsnorm_gate_up_silu")
-            return
+            return self._rmsnorm_mma(
+                "rmsnorm_gate_up_silu", residual, norm_weight, eps, normed, w, out, "silu"
+            )
         if not gemv.serves(*residual.shape):
             return super().rmsnorm_gate_up_silu(residual, norm_weight, eps, w, out, normed, gate_up)
         gemv.gemv(
