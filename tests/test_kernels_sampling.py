@@ -35,6 +35,7 @@ def _metadata(rows: list[dict], rng) -> SamplingMetadata:
 def _check(logits: np.ndarray, md: SamplingMetadata, seed: int) -> np.ndarray:
     sampler = DeviceSampler(logits.shape[0], logits.shape[1], cuda.stream())
     sampler.out = poisoned(sampler.out.shape, np.int32)
+    sampler.ring[:] = INT_POISON  # the host's copy of the ids: written by the kernel itself
     got = sampler.sample(cuda.to_device(logits), md)
     expected = numpy_sample(logits, md)
     assert INT_POISON not in got
@@ -69,6 +70,34 @@ def test_all_greedy_fast_path():
     logits = rng.standard_normal((3, 200)).astype(np.float32)
     logits[1, 17] = logits[1, 99] = 50.0  # a tie: the first index wins, as np.argmax
     _check(logits, SamplingMetadata.greedy(3), seed)
+
+
+def test_two_results_in_flight_land_in_their_own_ring_slots():
+    """Async scheduling launches step N+1 before it reads step N's ids: each launch stages its
+    own slot of the host ring, so N+1's stores (the general kernel or the greedy argmax) leave
+    N's ids alone, and the device copy the next step feeds back holds the latest."""
+    rng, seed = fresh_rng()
+    vocab = 250
+    sampler = DeviceSampler(4, vocab, cuda.stream())
+    sampler.ring[:] = INT_POISON
+    expected, results = [], []
+    for step in range(3):
+        logits = rng.standard_normal((3, vocab)).astype(np.float32)
+        md = SamplingMetadata.greedy(3)
+        sampler.stage(md)
+        sampler.staging.upload()
+        if step == 1:
+            sampler.launch(cuda.to_device(logits))
+        else:
+            sampler.launch_greedy(cuda.to_device(logits))
+        expected.append(np.argmax(logits, axis=1).tolist())
+        results.append(sampler.fetch_async(3))
+        if step == 1:  # two unread results: read the older before the third launch
+            assert results[0].result().tolist() == expected[0], f"KERNEL_TEST_SEED={seed}"
+    assert results[1].result().tolist() == expected[1], f"KERNEL_TEST_SEED={seed}"
+    assert results[2].result().tolist() == expected[2], f"KERNEL_TEST_SEED={seed}"
+    assert synced(sampler.out)[:3].tolist() == expected[2]
+    assert sampler.ring[:, 3].tolist() == [INT_POISON] * 2  # rows past the step: untouched
 
 
 def test_truncating_rows_top_k_top_p_min_p():

@@ -20,6 +20,13 @@ thread loads WIDE_PER_THREAD logits (16 KB a block, a quarter of the blocks, the
 trip: all loads are issued before any is compared). Batch 1 keeps the small chunks: its 126
 blocks are what spreads one row over the whole GPU.
 
+The ids go to two places: `out` in device memory, where the next step's embedding reads the
+tokens it feeds back, and row `ring_slot[0]` of `ring`, a host buffer mapped into the device's
+address space (cuda.mapped_array), where the host reads them with no copy on the stream: a
+step's ids reach the host as the kernel's own stores, and the next step's input upload follows
+the graph directly instead of queueing behind a device-to-host copy (gpu/backends/cuda/sampler.py).
+The slot is read from device memory, so a captured graph writes whichever slot the step staged.
+
 Ties go to the lowest index everywhere (as np.argmax), so the result is exactly np.argmax of
 the row for NaN-free input (a row of -inf gives 0, as np.argmax does). The launcher allocates
 nothing: the (value, index) scratch is passed in, sized by argmax_scratch_size, so both kernels
@@ -35,7 +42,7 @@ import math
 from numba import cuda, float32, int32
 
 from gpu.kernels.block_reduce import better, block_argmax
-from gpu.kernels.launch import MAX_THREADS, cdiv, threads
+from gpu.kernels.launch import MAX_THREADS, cdiv, no_ring, threads
 from gpu.kernels.pdl import grid_dependency_sync
 
 NEG_INF = float32(-math.inf)
@@ -52,7 +59,9 @@ SLOTS = MAX_THREADS // 32
 SIGNATURES = {
     "argmax_chunks_kernel": ["void(float32[:, ::1], float32[::1], int32[::1])"],
     "argmax_chunks_kernel_wide": ["void(float32[:, ::1], float32[::1], int32[::1])"],
-    "argmax_final_kernel": ["void(float32[::1], int32[::1], int64, int32[::1])"],
+    "argmax_final_kernel": [
+        "void(float32[::1], int32[::1], int64, int32[::1], int32[:, ::1], int32[::1])"
+    ],
 }
 
 
@@ -95,7 +104,7 @@ argmax_chunks_kernel_wide = _chunks_kernel(WIDE_PER_THREAD)
 
 
 @cuda.jit(cache=True)
-def argmax_final_kernel(scratch_val, scratch_idx, num_chunks, out):
+def argmax_final_kernel(scratch_val, scratch_idx, num_chunks, out, ring, ring_slot):
     grid_dependency_sync()
     vbuf = cuda.shared.array(SLOTS, float32)
     ibuf = cuda.shared.array(SLOTS, int32)
@@ -112,6 +121,7 @@ def argmax_final_kernel(scratch_val, scratch_idx, num_chunks, out):
     best, best_i = block_argmax(vbuf, ibuf, best, best_i)
     if tid == 0:
         out[row] = best_i
+        ring[ring_slot[0], row] = best_i
 
 
 def argmax_scratch_size(max_rows: int, vocab: int) -> int:
@@ -120,11 +130,15 @@ def argmax_scratch_size(max_rows: int, vocab: int) -> int:
     return max_rows * cdiv(vocab, CHUNK)
 
 
-def argmax_rows(logits, out, scratch_val, scratch_idx, stream=0) -> None:
+def argmax_rows(logits, out, scratch_val, scratch_idx, stream=0, ring=None, ring_slot=None) -> None:
     """out[r] = np.argmax(logits[r]) (first index of the maximum) for every row of logits
     [rows, vocab] float32; out: int32 [>= rows]; scratch_val float32 / scratch_idx int32 of at
-    least argmax_scratch_size(rows, vocab) elements. Two launches, no allocation, no sync."""
+    least argmax_scratch_size(rows, vocab) elements; the same ids into ring[ring_slot[0], :rows]
+    where a ring is given (see above). Two launches, no allocation (without a ring, the first
+    call makes a one-element zero slot), no sync."""
     rows, vocab = logits.shape
+    if ring is None:
+        ring, ring_slot = no_ring(out)
     if rows == 0:
         return
     wide = rows >= WIDE_ROWS
@@ -133,4 +147,6 @@ def argmax_rows(logits, out, scratch_val, scratch_idx, stream=0) -> None:
         raise ValueError(f"argmax scratch holds fewer than {rows * num_chunks} elements")
     chunks_kernel = argmax_chunks_kernel_wide if wide else argmax_chunks_kernel
     chunks_kernel[(rows, num_chunks), CHUNK_THREADS, stream](logits, scratch_val, scratch_idx)
-    argmax_final_kernel[rows, FINAL_THREADS, stream](scratch_val, scratch_idx, num_chunks, out)
+    argmax_final_kernel[rows, FINAL_THREADS, stream](
+        scratch_val, scratch_idx, num_chunks, out, ring, ring_slot
+    )

@@ -8,8 +8,10 @@ MAX_THREADS", so both run the same code.
 
 from __future__ import annotations
 
+import functools
 import os
 
+import numpy as np
 from numba import config, cuda
 
 SIMULATOR: bool = bool(config.ENABLE_CUDASIM)
@@ -34,6 +36,18 @@ def device_function(fn):
     if SIMULATOR:
         return cuda.jit(device=True)(fn)
     return cuda.jit(device=True, forceinline=True)(fn)
+
+
+@functools.cache
+def _zero_slot():
+    return cuda.to_device(np.zeros(1, np.int32))
+
+
+def no_ring(out) -> tuple:
+    """(ring, ring_slot) for a sampler launch that has no host ring (argmax.py): out itself as
+    the ring's one row, and slot 0. The zero slot is made on the first such call, so a launch
+    being captured into a graph must pass its own ring (the executor's always does)."""
+    return out.reshape(1, out.shape[0]), _zero_slot()
 
 
 def env_choice(name: str, default: int, allowed: range | tuple[int, ...]) -> int:

@@ -45,7 +45,7 @@ from numba import cuda, float32, float64, int32, uint64
 
 from gpu.kernels.bf16 import f32_bits, key_to_f32, ordered_key
 from gpu.kernels.block_reduce import block_argmax, block_sum
-from gpu.kernels.launch import MAX_THREADS, SIMULATOR, device_function, threads
+from gpu.kernels.launch import MAX_THREADS, SIMULATOR, device_function, no_ring, threads
 from gpu.kernels.pdl import grid_dependency_sync
 from gpu.sampling.rng import MIX1, MIX2, SEED_MUL, STEP_MUL, TOKEN_MUL
 
@@ -59,7 +59,7 @@ U_SEED, U_STEP = range(2)
 SIGNATURES = {
     "sample_kernel": [
         "void(float32[:, ::1], float32[:, ::1], int32[:, ::1], uint64[:, ::1], int32[::1],"
-        " int32[:, ::1], int32[::1])"
+        " int32[:, ::1], int32[::1], int32[:, ::1], int32[::1])"
     ],
     "penalty_counts_kernel": ["void(int32[::1], int32[:, ::1], int32[:, ::1])"],
 }
@@ -123,7 +123,7 @@ def penalty_counts_kernel(history, iparams, counts):
 
 
 @cuda.jit(cache=True)
-def sample_kernel(logits, fparams, iparams, uparams, banned, counts, out):
+def sample_kernel(logits, fparams, iparams, uparams, banned, counts, out, ring, ring_slot):
     grid_dependency_sync()
     fbuf = cuda.shared.array(MAX_THREADS, float32)
     ibuf = cuda.shared.array(MAX_THREADS, int32)
@@ -182,6 +182,7 @@ def sample_kernel(logits, fparams, iparams, uparams, banned, counts, out):
     if one_pass:
         if tid == 0:
             out[row] = best_i
+            ring[ring_slot[0], row] = best_i
         return
 
     top = best
@@ -259,6 +260,7 @@ def sample_kernel(logits, fparams, iparams, uparams, banned, counts, out):
     best, best_i = block_argmax(fbuf, ibuf, best, best_i)
     if tid == 0:
         out[row] = best_i
+        ring[ring_slot[0], row] = best_i
 
 
 def penalty_counts(history, iparams, counts, num_rows: int, stream=0) -> None:
@@ -267,9 +269,15 @@ def penalty_counts(history, iparams, counts, num_rows: int, stream=0) -> None:
         penalty_counts_kernel[num_rows, threads(256), stream](history, iparams, counts)
 
 
-def sample(logits, fparams, iparams, uparams, banned, counts, out, stream=0) -> None:
-    """out[r] = the token sampled from logits[r] (modified in place) with row r's parameters."""
+def sample(
+    logits, fparams, iparams, uparams, banned, counts, out, stream=0, ring=None, ring_slot=None
+) -> None:
+    """out[r] = the token sampled from logits[r] (modified in place) with row r's parameters;
+    the same ids into ring[ring_slot[0]] where a ring is given (the host's mapped copy, as in
+    argmax.py)."""
+    if ring is None:
+        ring, ring_slot = no_ring(out)
     if logits.shape[0]:
         sample_kernel[logits.shape[0], threads(1024), stream](
-            logits, fparams, iparams, uparams, banned, counts, out
+            logits, fparams, iparams, uparams, banned, counts, out, ring, ring_slot
         )

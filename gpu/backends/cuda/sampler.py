@@ -1,15 +1,21 @@
 """The device sampler's state: per-row parameters in staged device buffers, the penalty scratch,
-and the sampled ids coming back through pinned memory.
+and the sampled ids coming back through host memory mapped into the device.
 
 SamplingMetadata (host, numpy) -> pinned staging fields (fparams / iparams / uparams, see
 gpu/kernels/sampling.py for their rows) -> one copy with the rest of the step's inputs ->
-penalty_counts (only when some row has a token history) -> sample_kernel -> ids -> pinned ->
-host. Banned ids and token histories are variable-length, so they go in their own device
-buffers, copied only on the steps that have them (min_tokens, penalties: the eager path).
+penalty_counts (only when some row has a token history) -> sample_kernel -> ids. Banned ids
+and token histories are variable-length, so they go in their own device buffers, copied only
+on the steps that have them (min_tokens, penalties: the eager path).
 
-The ids come back asynchronously (fetch_async): a copy into pinned memory and an event after
-it. Async scheduling launches step N+1 before reading step N's ids, so two pinned buffers
-alternate: N+1's copy never lands on ids of N that are not read yet.
+The ids come back with no copy on the stream (fetch_async): the sampler kernel stores them both
+into `out` (device memory: the next step's embedding reads its fed-back tokens there) and into
+a ring of host buffers mapped into the device's address space (cuda.mapped_array), at the slot
+the step staged in `ring_slot`; an event after the kernel says they have landed. A copy
+engine's device-to-host copy between two graphs used to cost more than the copy itself: traced
+on the H200 (tests/device/trace_loop.py, tenth session) it started 5.5 us after the step's last
+kernel, and the next step's upload followed it 10 us later. Async scheduling launches step N+1
+before reading step N's ids, so two slots alternate: N+1's stores never land on ids of N that
+are not read yet (at most two results are unread at a time).
 """
 
 from __future__ import annotations
@@ -28,11 +34,15 @@ def sampler_fields(max_rows: int) -> list[tuple[str, type, tuple[int, ...]]]:
         ("fparams", np.float32, (6, max_rows + 1)),
         ("uparams", np.uint64, (2, max_rows)),
         ("iparams", np.int32, (4, max_rows + 1)),
+        ("ring_slot", np.int32, (1,)),  # the row of the host ring this step's ids go to
     ]
 
 
+RING_SLOTS = 2  # results unread at a time, at most (async scheduling: see above)
+
+
 class DeviceResult:
-    """A launched step's sampled ids, on their way to a pinned buffer."""
+    """A launched step's sampled ids, on their way to a slot of the host ring."""
 
     __slots__ = ("host", "n", "event")
 
@@ -40,7 +50,7 @@ class DeviceResult:
         self.host, self.n, self.event = host, n, event
 
     def result(self) -> np.ndarray:
-        """Wait for the copy (the step's only synchronisation) and return the ids."""
+        """Wait for the sampler (the step's only synchronisation) and return the ids."""
         self.event.synchronize()
         return self.host[: self.n].copy()
 
@@ -59,9 +69,13 @@ class DeviceSampler:
         scratch = argmax_scratch_size(max_rows, vocab_size)
         self._argmax_val = cuda.device_array(scratch, dtype=np.float32, stream=stream)
         self._argmax_idx = cuda.device_array(scratch, dtype=np.int32, stream=stream)
-        self.out_hosts = [cuda.pinned_array(max_rows, dtype=np.int32) for _ in range(2)]
-        self.out_events = [cuda.event() for _ in range(2)]
-        self._next_out = 0  # the pinned buffer the next fetch copies into
+        # Host memory the kernels store into (zero-copy): row i is slot i's ids.
+        self.ring = cuda.mapped_array((RING_SLOTS, max_rows), dtype=np.int32)
+        # The host's view of the same memory as a plain ndarray: Numba's MappedNDArray subclass
+        # would make every slice, and the ids handed to the engine, one of its own.
+        self.ring_host = np.asarray(self.ring)
+        self.ring_events = [cuda.event() for _ in range(RING_SLOTS)]
+        self._slot = 0  # the slot the step being staged writes
         self._banned = self._grow(None, 64)
         self._history = self._grow(None, 4096)
         self.has_history = False
@@ -74,22 +88,25 @@ class DeviceSampler:
             max(size, 2 * (0 if buffer is None else buffer.shape[0])), np.int32
         )
 
-    def stage(self, md: SamplingMetadata) -> None:
-        """Write md's parameters into the pinned fields; copy bans and histories if any."""
+    def stage(self, md: SamplingMetadata, staging: Staging | None = None) -> None:
+        """Write md's parameters (and the ring slot its ids go to) into the pinned fields of
+        staging (default: the sampler's); copy bans and histories if any."""
         n = md.num_rows
         if n > self.max_rows:
             raise ValueError(f"{n} rows to sample, the sampler holds {self.max_rows}")
-        f = self.staging.host["fparams"]
+        host = (staging or self.staging).host
+        host["ring_slot"][0] = self._slot
+        f = host["fparams"]
         f[k.F_TEMPERATURE, :n] = md.temperature
         f[k.F_TOP_P, :n] = md.top_p
         f[k.F_MIN_P, :n] = md.min_p
         f[k.F_REPETITION, :n] = md.repetition_penalty
         f[k.F_PRESENCE, :n] = md.presence_penalty
         f[k.F_FREQUENCY, :n] = md.frequency_penalty
-        u = self.staging.host["uparams"]
+        u = host["uparams"]
         u[k.U_SEED, :n] = md.seed
         u[k.U_STEP, :n] = md.step
-        i = self.staging.host["iparams"]
+        i = host["iparams"]
         i[k.I_TOP_K, :n] = md.top_k
         i[k.I_BANNED, : n + 1] = 0
         i[k.I_HISTORY, : n + 1] = 0
@@ -116,15 +133,17 @@ class DeviceSampler:
                 self._history = self._grow(self._history, flat.size)
                 self._history[: flat.size].copy_to_device(flat, stream=self.stream)
 
-    def pad(self, n: int, rows: int) -> None:
+    def pad(self, n: int, rows: int, staging: Staging | None = None) -> None:
         """Rows n..rows-1 of a padded (graph) step: greedy, nothing banned, no history."""
-        f = self.staging.host["fparams"]
+        host = (staging or self.staging).host
+        host["ring_slot"][0] = self._slot
+        f = host["fparams"]
         f[:, n:rows] = 0.0
         f[k.F_TOP_P, n:rows] = 1.0
         f[k.F_REPETITION, n:rows] = 1.0
-        u = self.staging.host["uparams"]
+        u = host["uparams"]
         u[:, n:rows] = 0
-        i = self.staging.host["iparams"]
+        i = host["iparams"]
         i[k.I_TOP_K, n:rows] = 0
         i[k.I_PROMPT_LEN, n:rows] = 0
         if n == 0:
@@ -132,39 +151,42 @@ class DeviceSampler:
         i[k.I_BANNED, n + 1 : rows + 1] = i[k.I_BANNED, n]
         i[k.I_HISTORY, n + 1 : rows + 1] = i[k.I_HISTORY, n]
 
-    def launch(self, logits) -> None:
-        """Sample every row of logits [n, V] into self.out[:n] (on the stream, no sync)."""
+    def launch(self, logits, staging: Staging | None = None) -> None:
+        """Sample every row of logits [n, V] into self.out[:n] and the staged slot of the host
+        ring (on the stream, no sync), with the parameters staged in staging."""
         n = logits.shape[0]
-        d = self.staging.device
+        d = (staging or self.staging).device
         if self.has_history:
             k.penalty_counts(self._history, d["iparams"], self.counts, n, self.stream)
         k.sample(
             logits, d["fparams"], d["iparams"], d["uparams"], self._banned, self.counts,
-            self.out[:n], self.stream,
+            self.out[:n], self.stream, self.ring, d["ring_slot"],
         )  # fmt: skip
 
-    def launch_greedy(self, logits) -> None:
+    def launch_greedy(self, logits, staging: Staging | None = None) -> None:
         """Every row greedy, nothing banned, no penalties: a two-stage argmax over many blocks
         (the general kernel gives each row one block, 40 us for a 128k vocabulary)."""
         n = logits.shape[0]
-        argmax_rows(logits, self.out[:n], self._argmax_val, self._argmax_idx, self.stream)
+        slot = (staging or self.staging).device["ring_slot"]
+        argmax_rows(
+            logits, self.out[:n], self._argmax_val, self._argmax_idx, self.stream, self.ring, slot
+        )
 
     def fetch_async(self, n: int) -> DeviceResult:
-        """Enqueue the copy of the n sampled ids into the next pinned buffer, and an event."""
-        i = self._next_out
-        self._next_out = 1 - i
-        host, event = self.out_hosts[i], self.out_events[i]
-        if n:
-            self.out[:n].copy_to_host(host[:n], stream=self.stream)
+        """The result of the step just launched: its slot of the ring and an event after its
+        sampler. The next step stages the other slot."""
+        i = self._slot
+        self._slot = (i + 1) % RING_SLOTS
+        event = self.ring_events[i]
         event.record(self.stream)
-        return DeviceResult(host, n, event)
+        return DeviceResult(self.ring_host[i], n, event)
 
     def fetch(self, n: int) -> np.ndarray:
-        """Copy the n sampled ids back and wait for them: the step's only synchronisation."""
+        """Wait for the n sampled ids: the step's only synchronisation."""
         return self.fetch_async(n).result()
 
     def sample(self, logits, md: SamplingMetadata) -> np.ndarray:
-        """Stage, copy, sample and fetch: the whole job for a sampler with its own staging."""
+        """Stage, copy, sample and wait: the whole job for a sampler with its own staging."""
         self.stage(md)
         if self.own_staging:
             self.staging.upload()
