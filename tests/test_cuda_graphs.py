@@ -93,7 +93,12 @@ def test_padded_decode_steps_match_unpadded_ones():
     plain = LLM(engine=plain_engine).generate(prompts, params)
     assert all(o.error is None and len(o.outputs[0].token_ids) == 4 for o in padded + plain)
     assert [o.outputs[0].token_ids for o in padded] == [o.outputs[0].token_ids for o in plain]
-    assert 4 in padded_engine.runner.executor._decode_batches  # a padded step really ran
+    executor = padded_engine.runner.executor
+    assert 4 in executor._decode_batches  # a padded step really ran
+    # ... from the decode steps' own staging, a fraction of the prefill staging's bytes
+    decode_fields = executor.decode_inputs.staging.device
+    assert executor._decode_batches[4].block_tables is decode_fields["block_tables"]
+    assert executor.decode_inputs.staging.nbytes < executor.inputs.staging.nbytes / 2
 
 
 def test_padded_prefill_and_mixed_steps_match_unpadded_ones():

@@ -2,7 +2,7 @@
 stream, read the sampled ids back.
 
     host ForwardBatch + SamplingMetadata --(pinned staging, ONE async copy)--> device buffers
-    -> model.forward (kernels + cuBLAS on one stream) -> sample_kernel -> ids --(pinned)--> host
+    -> model.forward (kernels + cuBLAS on one stream) -> sampler -> ids --(mapped)--> host
 
 Everything the step touches on the device was allocated when the executor was built: the input
 fields are sized for max_num_batched_tokens tokens, max_num_seqs sequences and a block table of
@@ -13,14 +13,21 @@ stays valid when sequences grow. A step allocates nothing and synchronises once,
 to read the sampled ids. That is the shape issue 5 captures into CUDA graphs per batch-size
 bucket.
 
-Async scheduling: `launch` enqueues all of that, the copy of the sampled ids into pinned memory
-and an event after it, and returns at once; `DeviceResult.result()` waits for the event. The
-engine launches step N+1 before it reads step N's ids, so the host prepares N+1 while N runs.
-Two things then must not be overwritten too early: the pinned input staging (the next launch
-waits for an event recorded after the previous upload, which the GPU passes as soon as that
-step starts) and the pinned output (two buffers, alternating: see DeviceSampler). Step N+1's
-tokens sampled by N never visit the host: prev_rows points the embedding at the sampler's
-device output of step N, which N+1 reads before its own sampler overwrites it.
+Decode steps have their own, smaller staging, sized for max_num_seqs tokens: the copy moves the
+used prefix of the layout, and with the per-token fields sized for 8,192 tokens that prefix was
+~130 KB for one decode token (~20 KB now). Their copy also overlaps the step before: it goes to
+a side buffer on a second stream, and the decode graph's first node copies it into place
+(OverlappedStaging, staging.py), because a copy queued between two graphs cost ~10 us of
+waiting whatever its size.
+
+Async scheduling: `launch` enqueues all of that and an event after the sampler, which stores the
+ids straight into mapped host memory, and returns at once; `DeviceResult.result()` waits for the
+event. The engine launches step N+1 before it reads step N's ids, so the host prepares N+1
+while N runs. Two things then must not be overwritten too early: the pinned input staging (the
+next launch waits for an event recorded after the previous upload, which the GPU passes as soon
+as the copy has run) and the host's ids (two slots of a ring, alternating: see DeviceSampler).
+Step N+1's tokens sampled by N never visit the host: prev_rows points the embedding at the
+sampler's device output of step N, which N+1 reads before its own sampler overwrites it.
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ from gpu.backends.cuda.graphs import (
     token_buckets,
 )
 from gpu.backends.cuda.sampler import DeviceResult, DeviceSampler, sampler_fields
-from gpu.backends.cuda.staging import Staging
+from gpu.backends.cuda.staging import OverlappedStaging, Staging
 from gpu.forward_batch import ForwardBatch
 from gpu.kernels.launch import SIMULATOR
 from gpu.model import LlamaModel
@@ -75,11 +82,14 @@ def batch_fields(max_tokens: int, max_seqs: int, max_blocks_per_seq: int) -> lis
 class StepInputs:
     """The step's input buffers: pinned staging and their device twins, one copy per step."""
 
-    def __init__(self, max_tokens: int, max_seqs: int, max_blocks_per_seq: int, stream) -> None:
+    def __init__(
+        self, max_tokens: int, max_seqs: int, max_blocks_per_seq: int, stream, overlap=False
+    ) -> None:
+        """overlap: upload through an OverlappedStaging (decode graphs: see staging.py)."""
         self.max_tokens, self.max_seqs = max_tokens, max_seqs
         self.max_blocks_per_seq = max_blocks_per_seq
         fields = sampler_fields(max_seqs) + batch_fields(max_tokens, max_seqs, max_blocks_per_seq)
-        self.staging = Staging(fields, stream)
+        self.staging = (OverlappedStaging if overlap else Staging)(fields, stream)
         self.sampled_prev = None  # the sampler's device output (set by the executor)
 
     def stage(self, batch: ForwardBatch) -> int:
@@ -192,8 +202,11 @@ class CudaExecutor:
         max_positions = model.cos.shape[0]
         max_blocks = -(-max_positions // block_size)
         self.inputs = StepInputs(max_tokens, max_seqs, max_blocks, backend.stream)
+        self.decode_inputs = StepInputs(
+            max_seqs, max_seqs, max_blocks, backend.stream, overlap=True
+        )
         self.sampler = DeviceSampler(max_seqs, vocab, backend.stream, self.inputs.staging)
-        self.inputs.sampled_prev = self.sampler.out
+        self.inputs.sampled_prev = self.decode_inputs.sampled_prev = self.sampler.out
         # Recorded after each upload: the pinned staging may be rewritten once it has passed.
         self._uploaded = cuda.event()
         self._upload_pending = False
@@ -237,7 +250,7 @@ class CudaExecutor:
         num_logits = metadata.num_rows
         if num_logits:
             self.sampler.stage(metadata)
-        self._upload(nbytes)
+        self._upload(self.inputs, nbytes)
         logits = self.model.forward(self.inputs.device_batch(batch), num_logits)
         if num_logits == 0:
             return ReadyResult(_NONE)
@@ -245,14 +258,15 @@ class CudaExecutor:
         self.backend.check("sample")
         return self.sampler.fetch_async(num_logits)
 
-    def _upload(self, nbytes: int) -> None:
-        self.inputs.staging.upload(nbytes)
-        self._uploaded.record(self.backend.stream)
+    def _upload(self, inputs: StepInputs, nbytes: int) -> None:
+        copy_stream = inputs.staging.upload(nbytes)
+        self._uploaded.record(copy_stream)
         self._upload_pending = True
 
     def _wait_for_upload(self) -> None:
-        """Before the pinned staging is written again: its last copy must have run (at the
-        start of the previous step on the device, so this rarely waits)."""
+        """Before a pinned staging is written again: the last copy (of either staging, in
+        stream order) must have run (at the start of the previous step on the device, so this
+        rarely waits)."""
         if self._upload_pending:
             self._uploaded.synchronize()
             self._upload_pending = False
@@ -270,15 +284,16 @@ class CudaExecutor:
         """Stage the step, pad it to its bucket (`rows` sequences), replay (or run and
         capture) the bucket's graph, and start the copy of the sampled ids back."""
         n = md.num_rows
-        nbytes = self.inputs.stage(batch)
+        inputs = self._inputs_for(key)
+        nbytes = inputs.stage(batch)
         if key[0] == "decode":
-            self.inputs.pad_decode(n, rows)
+            inputs.pad_decode(n, rows)
         else:
-            self.inputs.pad_mixed(batch.num_tokens, batch.num_seqs, n, key[1], rows)
+            inputs.pad_mixed(batch.num_tokens, batch.num_seqs, n, key[1], rows)
         if n:
-            self.sampler.stage(md)
-        self.sampler.pad(n, rows)
-        self._upload(nbytes)
+            self.sampler.stage(md, inputs.staging)
+        self.sampler.pad(n, rows, inputs.staging)
+        self._upload(inputs, nbytes)
         self._run(key)
         if n == 0:
             return ReadyResult(_NONE)
@@ -300,17 +315,17 @@ class CudaExecutor:
             self._mixed_batches[key] = self.inputs.fixed_batch(tokens, seqs, tokens)
         logits = self.model.forward(self._mixed_batches[key], seqs)
         if greedy:
-            self.sampler.launch_greedy(logits)
+            self.sampler.launch_greedy(logits, self.inputs.staging)
         else:
-            self.sampler.launch(logits)
+            self.sampler.launch(logits, self.inputs.staging)
 
-    def _upload_padding(self, rows: int) -> None:
+    def _upload_padding(self, inputs: StepInputs, rows: int) -> None:
         """Copy an all-padding step (staged by pad_decode or pad_mixed from 0) to the device,
         for the warm-up run before a capture."""
-        self.inputs.staging.host["query_start_loc"][0] = 0
-        self.inputs.staging.host["block_table_stride"][0] = 0
-        self.sampler.pad(0, rows)
-        self._upload(self.inputs.staging.end_of("block_tables", 0))
+        inputs.staging.host["query_start_loc"][0] = 0
+        inputs.staging.host["block_table_stride"][0] = 0
+        self.sampler.pad(0, rows, inputs.staging)
+        self._upload(inputs, inputs.staging.end_of("block_tables", 0))
 
     # --- graphs -------------------------------------------------------------------------
     def _run(self, key: tuple) -> None:
@@ -328,19 +343,28 @@ class CudaExecutor:
             self.graphs[key] = CudaGraph(self.backend.stream, step, programmatic=overlap)
             self.capture_time_s += time.perf_counter() - t0
 
+    def _inputs_for(self, key: tuple) -> StepInputs:
+        """The staging a graph key's step reads: decode steps have their own (small) one."""
+        return self.decode_inputs if key[0] == "decode" else self.inputs
+
     def _step_fn(self, key: tuple):
         if key[0] == "decode":
             return lambda: self._decode_step(*key[1:])
         return lambda: self._mixed_step(*key[1:])
 
     def _decode_step(self, bucket: int, greedy: bool) -> None:
+        inputs = self.decode_inputs
+        # The inputs of up to `bucket` sequences, from the side buffer the upload filled.
+        width = inputs.max_blocks_per_seq
+        inputs.staging.take(inputs.staging.end_of("block_tables", bucket * width))
         if bucket not in self._decode_batches:
-            self._decode_batches[bucket] = self.inputs.fixed_batch(bucket, bucket, 1)
+            self._decode_batches[bucket] = inputs.fixed_batch(bucket, bucket, 1)
         logits = self.model.forward(self._decode_batches[bucket], bucket)
+        staging = self.decode_inputs.staging
         if greedy:
-            self.sampler.launch_greedy(logits)
+            self.sampler.launch_greedy(logits, staging)
         else:
-            self.sampler.launch(logits)
+            self.sampler.launch(logits, staging)
 
     def replay_ms(self, num_seqs: int, reps: int = 50) -> float | None:
         """GPU milliseconds per replay of the greedy decode graph of num_seqs' bucket, replayed
@@ -371,15 +395,15 @@ class CudaExecutor:
         t0 = time.perf_counter()
         for bucket in self.buckets:
             self._wait_for_upload()  # the pinned staging is rewritten each time
-            self.inputs.pad_decode(0, bucket)
-            self._upload_padding(bucket)
+            self.decode_inputs.pad_decode(0, bucket)
+            self._upload_padding(self.decode_inputs, bucket)
             for greedy in (True, False):
                 self._run(("decode", bucket, greedy))
         for seqs in (b for b in self.seq_buckets if b <= mixed_max_seqs):
             for tokens in self.token_buckets:
                 self._wait_for_upload()
                 self.inputs.pad_mixed(0, 0, 0, tokens, seqs)
-                self._upload_padding(seqs)
+                self._upload_padding(self.inputs, seqs)
                 self._run(("mixed", tokens, seqs, True))
         self.backend.synchronize()
         return time.perf_counter() - t0
