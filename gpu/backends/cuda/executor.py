@@ -233,9 +233,9 @@ class CudaExecutor:
         return self.launch(batch, metadata).result()
 
     def launch(self, batch: ForwardBatch, metadata: SamplingMetadata) -> DeviceResult | ReadyResult:
-        """Enqueue the step (upload, forward, sampler, copy of the ids back) and return at once;
-        the handle's result() waits for the ids. At most two results may be unread at a time
-        (the sampler's two pinned buffers): the engine reads step N's before launching N+2."""
+        """Enqueue the step (upload, forward, sampler) and return at once; the handle's result()
+        waits for the ids. At most two results may be unread at a time (the two slots of the
+        sampler's host ring): the engine reads step N's before launching N+2."""
         self._wait_for_upload()
         bucket = self._decode_bucket(batch, metadata)
         if bucket is not None:
@@ -282,7 +282,7 @@ class CudaExecutor:
 
     def _launch_padded(self, batch: ForwardBatch, md: SamplingMetadata, key: tuple, rows: int):
         """Stage the step, pad it to its bucket (`rows` sequences), replay (or run and
-        capture) the bucket's graph, and start the copy of the sampled ids back."""
+        capture) the bucket's graph, and return the handle of its sampled ids."""
         n = md.num_rows
         inputs = self._inputs_for(key)
         nbytes = inputs.stage(batch)
