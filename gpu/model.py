@@ -83,7 +83,9 @@ class LlamaModel:
                 qkv, k_cache, v_cache, batch,
                 self.num_heads, self.num_kv_heads, self.head_dim, self.scale, attn_out,
             )  # fmt: skip
-            ops.linear_residual(attn_out, layer.o_proj, residual, proj_out)
+            ops.linear_residual(
+                attn_out, layer.o_proj, residual, proj_out, next_gate_up=layer.gate_up_proj
+            )
             ops.rmsnorm_gate_up_silu(
                 residual, layer.post_attention_layernorm, eps, layer.gate_up_proj, mlp_act,
                 normed, gate_up,

@@ -94,8 +94,12 @@ class Backend(Protocol):
     ) -> None:
         """qkv = rmsnorm(residual) * norm_weight @ w.T, then rope_kv_write on it."""
 
-    def linear_residual(self, x: Array, w: Array, residual: Array, scratch: Array) -> None:
-        """residual += x @ w.T (`scratch`: [T, N] "f32")."""
+    def linear_residual(
+        self, x: Array, w: Array, residual: Array, scratch: Array, next_gate_up: Array = None
+    ) -> None:
+        """residual += x @ w.T (`scratch`: [T, N] "f32"). `next_gate_up`, a hint: the merged
+        [gate; up] weights that the op after this one multiplies by; a backend may start
+        moving them toward the processor while this op waits for its input."""
 
     def rmsnorm_gate_up_silu(
         self,

@@ -73,6 +73,7 @@ from numba import cuda, float32, uint64
 
 from gpu.kernels.activation import silu_of_products
 from gpu.kernels.bf16 import bf16_of_word, bf16_to_f32, f32_to_bf16
+from gpu.kernels.l2_prefetch import NO_PREFETCH, L2Prefetch, prefetch_block_share
 from gpu.kernels.launch import SIMULATOR, cdiv, device_function, threads
 from gpu.kernels.pdl import grid_dependency_sync
 
@@ -202,6 +203,7 @@ def gemv_kernel(
     def kernel(
         x64, xres, norm_w, eps, w64, out, num_tokens,
         positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads, head_dim,
+        pf_base, pf_second, pf_length,
     ):  # fmt: skip
         red = cuda.shared.array(red_shape, float32)
         fin = cuda.shared.array(nacc, float32)
@@ -247,6 +249,12 @@ def gemv_kernel(
         if rope and out_row < half and base + out_row < n_w // 2:
             rc, rs, slot = rope_inputs(
                 base + out_row, out_t, positions, cos, sin, slot_mapping, rope_pairs, half_dim
+            )
+        # Then the L2 prefetch of the next product's weights (l2_prefetch.py), one thread a
+        # part: the memory streams them while this block waits for its input.
+        if tid < 2:
+            prefetch_block_share(
+                pf_base, pf_second, pf_length, tid, cuda.blockIdx.x, cuda.gridDim.x
             )
         # Only what no kernel writes is read before the previous kernel has finished
         # (pdl.py): in a graph with programmatic edges the weights stream while it drains.
@@ -400,13 +408,14 @@ def _no_rope() -> RopeArgs:
 
 def gemv(
     x, w, out, *, epilogue: str = "store", residual=None, norm_weight=None, eps: float = 0.0,
-    rope: RopeArgs | None = None, stream=0,
+    rope: RopeArgs | None = None, prefetch: L2Prefetch = NO_PREFETCH, stream=0,
 ) -> None:  # fmt: skip
     """out = epilogue(prologue(x) @ w.T) for x [T, K] (T <= MAX_TOKENS), w [N, K] bf16 bits.
 
     With norm_weight given, the input is `residual` [T, K] float32, normalised on the fly
     (x is unused and may be None); otherwise x is bf16 bits. out: float32 [T, N] ("store",
-    "add", and "rope", which also needs `rope`) or bf16 bits [T, N / 2] ("silu").
+    "add", and "rope", which also needs `rope`) or bf16 bits [T, N / 2] ("silu"). `prefetch`:
+    bytes of another matrix the blocks move into L2 before they wait for their input.
     """
     norm = norm_weight is not None
     src = residual if norm else x
@@ -425,7 +434,7 @@ def gemv(
     else:
         x64, xres, nw = x.view(np.uint64), _dummy(np.float32, 2), _dummy(np.float32, 1)
     kernel[blocks, nthreads, stream](
-        x64, xres, nw, float(eps), w.view(np.uint64), out, t, *(rope or _no_rope())
+        x64, xres, nw, float(eps), w.view(np.uint64), out, t, *(rope or _no_rope()), *prefetch
     )
 
 
@@ -433,7 +442,7 @@ def gemv(
 _ARGS = (
     "uint64[:, ::1], float32[:, ::1], float32[::1], float64, uint64[:, ::1], {out}, int64,"
     " int32[::1], float32[:, ::1], float32[:, ::1], uint16[:, :, :, ::1], uint16[:, :, :, ::1],"
-    " int32[::1], int64, int64"
+    " int32[::1], int64, int64, int64, int64, int64"
 )
 gemv_qkv_llama32 = gemv_kernel(512, 1, 8, NTHREADS, "rmsnorm", "rope")
 gemv_gate_up_llama32 = gemv_kernel(512, 1, 8, NTHREADS, "rmsnorm", "silu")

@@ -31,10 +31,12 @@ from gpu.kernels import (
     embedding,
     gemv,
     gemv_mma,
+    l2_prefetch,
     rmsnorm,
 )
 from gpu.kernels import rope_kv as rope_kernels
 from gpu.kernels.bf16 import from_bf16_bits, to_bf16_bits
+from gpu.kernels.l2_prefetch import NO_PREFETCH
 from gpu.kernels.launch import SIMULATOR
 from gpu.sampling import SamplingMetadata
 
@@ -257,9 +259,15 @@ class CudaBackend(ComposedOps):
         )  # fmt: skip
         self.check("rmsnorm_qkv_rope")
 
-    def linear_residual(self, x: Any, w: Any, residual: Any, scratch: Any) -> None:
+    def linear_residual(
+        self, x: Any, w: Any, residual: Any, scratch: Any, next_gate_up: Any = None
+    ) -> None:
         if gemv.serves(*x.shape):
-            gemv.gemv(x, w, residual, epilogue="add", stream=self.stream)
+            # A one-token step: while its blocks wait for attention, they prefetch the start
+            # of gate_up's halves into L2 (l2_prefetch.py), which the memory would otherwise
+            # idle through.
+            prefetch = NO_PREFETCH if next_gate_up is None else l2_prefetch.plan(next_gate_up, True)
+            gemv.gemv(x, w, residual, epilogue="add", prefetch=prefetch, stream=self.stream)
         elif gemv_mma.serves(x.shape[0], w):
             gemv_mma.gemv_mma(x, w, residual, epilogue="add", stream=self.stream)
         else:

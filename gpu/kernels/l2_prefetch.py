@@ -1,0 +1,142 @@
+"""L2 prefetch: pull the next product's weights toward the SMs while the GPU waits on latency.
+
+A batch-1 Llama-3.2-1B layer reads 121.6 MB of weights, 28.6 us at the H200's 4.25 TB/s copy
+rate, yet took ~47 us (sixth and seventh sessions' traces): between the products the memory
+sits idle. After qkv come attention (~7 us on the critical path, a few KB of KV read) and
+o_proj (8.4 MB), then gate_up, the largest matrix (67 MB), which the GPU can only stream once
+o_proj's blocks leave the SMs: its weights are held in registers, and the register file is full
+of o_proj's. Programmatic launch (pdl.py) lets a kernel's blocks start early, but they can
+preload only what fits in the SMs beside the kernel before them.
+
+L2 can hold more (50 MB on the H100 and H200) and needs no SM resources at all. Hopper's bulk
+copy engine prefetches a contiguous range into L2 with one instruction,
+`cp.async.bulk.prefetch.L2.global [address], size`: a thread issues it and goes on, holding no
+register and no shared memory while the bytes move. So a kernel that starts early (o_proj, whose
+blocks wait for attention) issues, before its grid_dependency_sync, prefetches of the first
+part of the next matrix: the memory streams gate_up's weights during attention instead of idling,
+and gate_up's first blocks read them from L2.
+
+A prefetch is only a hint: it changes no result. The address is a plain integer (the weights'
+device address, fixed for the life of the engine, so a captured graph may bake it in). It exists
+from sm_90 on, like griddepcontrol, and is guarded the same way; in the CUDA simulator it is a
+no-op.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+from numba import cuda
+
+from gpu.kernels.launch import SIMULATOR, device_function, env_choice
+
+# The most bytes one prefetch instruction is given (its size operand is 32-bit; smaller pieces
+# also spread one block's range over the copy engine's queue).
+PIECE_BYTES = 1 << 15
+# How much of the next matrix to prefetch, MB ($TINYCHAT_L2_PREFETCH_MB; 0: none). Capped at
+# half the device's L2, so that what is fetched first is not evicted by what is fetched last.
+BUDGET_MB = env_choice("TINYCHAT_L2_PREFETCH_MB", 24, range(1 << 12))
+
+
+class L2Prefetch(NamedTuple):
+    """A kernel's prefetch arguments: `length` bytes at device address `base` and, where
+    `second` is not 0, as many at base + second (the two halves of a merged [gate; up] matrix,
+    which gemv.py's SiLU epilogue reads from their starts at once)."""
+
+    base: int
+    second: int
+    length: int
+
+
+NO_PREFETCH = L2Prefetch(0, 0, 0)
+
+
+@functools.cache
+def _l2_bytes() -> int:
+    return 4 << 20 if SIMULATOR else int(cuda.get_current_device().L2_CACHE_SIZE)
+
+
+def plan(w: Any, halves: bool) -> L2Prefetch:
+    """Prefetch arguments for the start of w (of each half of w, with `halves`), within
+    BUDGET_MB and half the L2."""
+    budget = min(BUDGET_MB << 20, _l2_bytes() // 2)
+    if budget <= 0:
+        return NO_PREFETCH
+    parts = 2 if halves else 1
+    part_bytes = w.nbytes // parts
+    length = min(part_bytes, budget // parts) // 16 * 16
+    return L2Prefetch(device_address(w), part_bytes if halves else 0, length)
+
+
+def device_address(w: Any) -> int:
+    """Where a device array's data starts (in the simulator, its host array's address)."""
+    return int(w.ctypes.data if SIMULATOR else w.device_ctypes_pointer.value)
+
+
+if SIMULATOR:
+
+    @device_function
+    def prefetch_l2(address, nbytes):
+        """No-op in the simulator: there is no L2 to warm."""
+
+else:
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    from gpu.kernels.pdl import MIN_ARCH, _cuda_arch
+
+    @intrinsic
+    def _bulk_prefetch_l2(typingctx, address, nbytes):
+        if not isinstance(address, types.Integer) or not isinstance(nbytes, types.Integer):
+            return None
+
+        def codegen(context, builder, signature, args):
+            addr = context.cast(builder, args[0], signature.args[0], types.uint64)
+            size = context.cast(builder, args[1], signature.args[1], types.uint32)
+            hopper = builder.icmp_signed(
+                ">=", _cuda_arch(builder), ir.Constant(ir.IntType(32), MIN_ARCH)
+            )
+            with builder.if_then(hopper):
+                fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(64), ir.IntType(32)])
+                builder.asm(
+                    fnty,
+                    "cp.async.bulk.prefetch.L2.global [$0], $1;",
+                    "l,r,~{memory}",
+                    [addr, size],
+                    side_effect=True,
+                )
+            return context.get_dummy_value()
+
+        return types.void(address, nbytes), codegen
+
+    @device_function
+    def prefetch_l2(address, nbytes):
+        """Start moving bytes [address, address + nbytes) of global memory into L2 (address and
+        nbytes multiples of 16); returns at once."""
+        _bulk_prefetch_l2(address, nbytes)
+
+
+@device_function
+def block_share(length, block, nblocks):
+    """[start, end) of block `block`'s chunk when `length` bytes are cut into nblocks
+    16-byte-aligned chunks (the last ones may be empty)."""
+    chunk = ((length + nblocks - 1) // nblocks + 15) // 16 * 16
+    start = min(block * chunk, length)
+    return start, min(start + chunk, length)
+
+
+@device_function
+def prefetch_block_share(base, second, length, part, block, nblocks):
+    """This block's share of a prefetch of `length` bytes at `base` (part 0) and, where
+    `second` is not 0, at base + second (part 1), issued in pieces of at most PIECE_BYTES."""
+    if length <= 0 or (part == 1 and second == 0) or part > 1:
+        return
+    start, end = block_share(length, block, nblocks)
+    origin = base + (second if part == 1 else 0)
+    offset = start
+    while offset < end:
+        size = min(end - offset, PIECE_BYTES)
+        prefetch_l2(origin + offset, size)
+        offset += size
