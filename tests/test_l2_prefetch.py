@@ -1,6 +1,6 @@
-"""The L2 prefetch of the next product's weights (gpu/kernels/l2_prefetch.py): what each block
-asks for, and that a product which prefetches computes exactly what it computes without.
-Runs in the CUDA simulator (where the instruction itself is a no-op) and on a GPU."""
+"""The L2 prefetch of the next product's weights (gpu/kernels/l2_prefetch.py): which row groups
+each block asks for, and that a product which prefetches computes exactly what it computes
+without. Runs in the CUDA simulator (where the instruction itself is a no-op) and on a GPU."""
 
 from __future__ import annotations
 
@@ -13,32 +13,48 @@ from gpu.kernels import gemv, l2_prefetch
 from gpu.kernels.bf16 import to_bf16_bits
 
 block_share = l2_prefetch.block_share.py_func
+selected_group = l2_prefetch.selected_group.py_func
 
 
-@pytest.mark.parametrize(("length", "nblocks"), [(16, 1), (4096, 7), (1 << 20, 512), (48, 5)])
-def test_block_shares_tile_the_range_in_aligned_chunks(length, nblocks):
-    shares = [block_share(length, b, nblocks) for b in range(nblocks)]
-    covered = 0
-    for start, end in shares:
-        assert start == covered or start == end == length
-        assert start % 16 == 0 and start <= end <= length
-        covered = max(covered, end)
-    assert covered == length
+@pytest.mark.parametrize(("count", "nblocks"), [(1, 1), (5, 7), (768, 512), (48, 5)])
+def test_block_shares_deal_every_item_once(count, nblocks):
+    shares = [block_share(count, b, nblocks) for b in range(nblocks)]
+    dealt = [j for first, last in shares for j in range(first, last)]
+    assert dealt == list(range(count))
 
 
-@pytest.mark.parametrize("halves", [False, True])
-def test_plan_takes_the_start_of_the_matrix_or_of_each_half(monkeypatch, halves):
-    w = cuda.to_device(np.zeros((64, 512), np.uint16))  # 64 KB
+@pytest.mark.parametrize(("groups", "selected"), [(2048, 768), (10, 3), (7, 7), (100, 1)])
+def test_selected_groups_are_distinct_and_spread(groups, selected):
+    chosen = [selected_group(j, groups, selected) for j in range(selected)]
+    assert len(set(chosen)) == selected and 0 <= min(chosen) and max(chosen) < groups
+    if l2_prefetch.SPREAD:  # no stretch of the grid more than one gap wider than the rest
+        gaps = np.diff(chosen + [groups + chosen[0]])
+        assert gaps.max() - gaps.min() <= 1
+
+
+def test_plan_takes_whole_row_groups_of_each_half_within_the_budgets(monkeypatch):
+    w = cuda.to_device(np.zeros((64, 512), np.uint16))  # 64 rows of 1 KB: halves of 32 KB
     monkeypatch.setattr(l2_prefetch, "BUDGET_MB", 1)
-    whole = l2_prefetch.plan(w, halves)
+    whole = l2_prefetch.plan(w, 4, halves=True)
     assert whole.base == l2_prefetch.device_address(w) != 0
-    assert whole.length == (w.nbytes // 2 if halves else w.nbytes)  # under the budget: all
-    assert whole.second == (w.nbytes // 2 if halves else 0)
+    assert (whole.second, whole.group_bytes, whole.groups) == (32 << 10, 4 << 10, 8)
+    assert whole.selected == 8  # under the budget: all of it
     monkeypatch.setattr(l2_prefetch, "_l2_bytes", lambda: 32 << 10)  # half the L2: 16 KB
-    capped = l2_prefetch.plan(w, halves)
-    assert capped.length * (2 if halves else 1) == 16 << 10
+    capped = l2_prefetch.plan(w, 4, halves=True)
+    assert capped.selected * capped.group_bytes * 2 == 16 << 10
+    one_part = l2_prefetch.plan(w, 4, halves=False)
+    assert (one_part.second, one_part.groups, one_part.selected) == (0, 16, 4)
     monkeypatch.setattr(l2_prefetch, "BUDGET_MB", 0)
-    assert l2_prefetch.plan(w, halves) == l2_prefetch.NO_PREFETCH
+    assert l2_prefetch.plan(w, 4, halves=True) == l2_prefetch.NO_PREFETCH
+
+
+def test_gemv_plans_the_groups_its_silu_blocks_read():
+    w = cuda.to_device(np.zeros((2 * 40, 256), np.uint16))
+    rows, _, blocks = gemv.plan(80, 64, 1, True, "silu")
+    pf = gemv.prefetch_plan(w, "silu")
+    assert pf.group_bytes == rows // 2 * 256 * 2 and pf.groups == 40 // (rows // 2) <= blocks
+    with pytest.raises(ValueError):
+        gemv.prefetch_plan(w, "rope")
 
 
 def test_a_product_that_prefetches_computes_the_same():
@@ -46,9 +62,11 @@ def test_a_product_that_prefetches_computes_the_same():
     t, k, n = 1, 128, 37
     x = cuda.to_device(to_bf16_bits(bf16_values(rng, (t, k))))
     w = cuda.to_device(to_bf16_bits(bf16_values(rng, (n, k), 0.1)))
-    gate_up = cuda.to_device(to_bf16_bits(bf16_values(rng, (2 * n, k), 0.1)))
+    gate_up = cuda.to_device(to_bf16_bits(bf16_values(rng, (2 * 64, k), 0.1)))
     residual = rng.standard_normal((t, n)).astype(np.float32)
     plain, prefetching = cuda.to_device(residual), cuda.to_device(residual)
     gemv.gemv(x, w, plain, epilogue="add")
-    gemv.gemv(x, w, prefetching, epilogue="add", prefetch=l2_prefetch.plan(gate_up, True))
+    prefetch = gemv.prefetch_plan(gate_up, "silu")
+    assert prefetch.selected > 0
+    gemv.gemv(x, w, prefetching, epilogue="add", prefetch=prefetch)
     np.testing.assert_array_equal(synced(prefetching), synced(plain))

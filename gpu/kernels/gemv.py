@@ -71,6 +71,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from numba import cuda, float32, uint64
 
+from gpu.kernels import l2_prefetch
 from gpu.kernels.activation import silu_of_products
 from gpu.kernels.bf16 import bf16_of_word, bf16_to_f32, f32_to_bf16
 from gpu.kernels.l2_prefetch import NO_PREFETCH, L2Prefetch, prefetch_block_share
@@ -203,7 +204,7 @@ def gemv_kernel(
     def kernel(
         x64, xres, norm_w, eps, w64, out, num_tokens,
         positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads, head_dim,
-        pf_base, pf_second, pf_length,
+        pf_base, pf_second, pf_group_bytes, pf_groups, pf_selected,
     ):  # fmt: skip
         red = cuda.shared.array(red_shape, float32)
         fin = cuda.shared.array(nacc, float32)
@@ -254,8 +255,9 @@ def gemv_kernel(
         # part: the memory streams them while this block waits for its input.
         if tid < 2:
             prefetch_block_share(
-                pf_base, pf_second, pf_length, tid, cuda.blockIdx.x, cuda.gridDim.x
-            )
+                pf_base, pf_second, pf_group_bytes, pf_groups, pf_selected, tid,
+                cuda.blockIdx.x, cuda.gridDim.x,
+            )  # fmt: skip
         # Only what no kernel writes is read before the previous kernel has finished
         # (pdl.py): in a graph with programmatic edges the weights stream while it drains.
         grid_dependency_sync()
@@ -365,6 +367,17 @@ def plan(n_rows: int, k_words: int, max_tokens: int, norm: bool, epilogue: str):
     return rows, nthreads, cdiv(n_rows, rows)
 
 
+def prefetch_plan(w, epilogue: str, norm: bool = True) -> L2Prefetch:
+    """The L2 prefetch of w ahead of a one-token product with w, this epilogue and prologue:
+    the row groups its blocks read, spread over its grid (l2_prefetch.py). Not for "rope",
+    whose blocks read rotation pairs scattered over a head."""
+    if epilogue not in EPILOGUES or epilogue == "rope":
+        raise ValueError(f"gemv: no prefetch plan for the {epilogue!r} epilogue")
+    rows, _, _ = plan(w.shape[0], w.shape[1] // 4, 1, norm, epilogue)
+    silu = epilogue == "silu"
+    return l2_prefetch.plan(w, rows // 2 if silu else rows, halves=silu)
+
+
 def bucket(num_tokens: int) -> int:
     """The kernel's compile-time token count: the next power of two (1, 2, 4, 8)."""
     return 1 << (num_tokens - 1).bit_length()
@@ -415,7 +428,8 @@ def gemv(
     With norm_weight given, the input is `residual` [T, K] float32, normalised on the fly
     (x is unused and may be None); otherwise x is bf16 bits. out: float32 [T, N] ("store",
     "add", and "rope", which also needs `rope`) or bf16 bits [T, N / 2] ("silu"). `prefetch`:
-    bytes of another matrix the blocks move into L2 before they wait for their input.
+    parts of another matrix the blocks move into L2 before they wait for their input
+    (prefetch_plan).
     """
     norm = norm_weight is not None
     src = residual if norm else x
@@ -442,7 +456,7 @@ def gemv(
 _ARGS = (
     "uint64[:, ::1], float32[:, ::1], float32[::1], float64, uint64[:, ::1], {out}, int64,"
     " int32[::1], float32[:, ::1], float32[:, ::1], uint16[:, :, :, ::1], uint16[:, :, :, ::1],"
-    " int32[::1], int64, int64, int64, int64, int64"
+    " int32[::1], int64, int64, int64, int64, int64, int64, int64"
 )
 gemv_qkv_llama32 = gemv_kernel(512, 1, 8, NTHREADS, "rmsnorm", "rope")
 gemv_gate_up_llama32 = gemv_kernel(512, 1, 8, NTHREADS, "rmsnorm", "silu")

@@ -37,19 +37,27 @@ PIECE_BYTES = 1 << 15
 # How much of the next matrix to prefetch, MB ($TINYCHAT_L2_PREFETCH_MB; 0: none). Capped at
 # half the device's L2, so that what is fetched first is not evicted by what is fetched last.
 BUDGET_MB = env_choice("TINYCHAT_L2_PREFETCH_MB", 24, range(1 << 12))
+# Which of the next kernel's row groups: spread evenly over its grid (1), so that every wave of
+# its blocks finds some rows in L2 and streams the others, keeping the memory busy throughout;
+# or its first blocks' (0), whose waves then read L2 alone while the memory idles.
+SPREAD = env_choice("TINYCHAT_L2_PREFETCH_SPREAD", 1, (0, 1))
 
 
 class L2Prefetch(NamedTuple):
-    """A kernel's prefetch arguments: `length` bytes at device address `base` and, where
-    `second` is not 0, as many at base + second (the two halves of a merged [gate; up] matrix,
-    which gemv.py's SiLU epilogue reads from their starts at once)."""
+    """A kernel's prefetch arguments. The next matrix, at device address `base`, is read by its
+    kernel in row groups of `group_bytes` (one block's rows), `groups` of them in a part; where
+    `second` is not 0 it has a second part at base + second, read alongside the first (the two
+    halves of a merged [gate; up] matrix, in gemv.py's SiLU epilogue). `selected` groups of
+    each part are prefetched."""
 
     base: int
     second: int
-    length: int
+    group_bytes: int
+    groups: int
+    selected: int
 
 
-NO_PREFETCH = L2Prefetch(0, 0, 0)
+NO_PREFETCH = L2Prefetch(0, 0, 0, 0, 0)
 
 
 @functools.cache
@@ -57,16 +65,19 @@ def _l2_bytes() -> int:
     return 4 << 20 if SIMULATOR else int(cuda.get_current_device().L2_CACHE_SIZE)
 
 
-def plan(w: Any, halves: bool) -> L2Prefetch:
-    """Prefetch arguments for the start of w (of each half of w, with `halves`), within
-    BUDGET_MB and half the L2."""
+def plan(w: Any, group_rows: int, halves: bool) -> L2Prefetch:
+    """Prefetch arguments for w, read by blocks of `group_rows` rows (of each half of w, with
+    `halves`), within BUDGET_MB and half the L2."""
     budget = min(BUDGET_MB << 20, _l2_bytes() // 2)
-    if budget <= 0:
-        return NO_PREFETCH
     parts = 2 if halves else 1
     part_bytes = w.nbytes // parts
-    length = min(part_bytes, budget // parts) // 16 * 16
-    return L2Prefetch(device_address(w), part_bytes if halves else 0, length)
+    group_bytes = group_rows * w.nbytes // w.shape[0]
+    if budget <= 0 or group_bytes % 16 or part_bytes % 16:
+        return NO_PREFETCH
+    groups = part_bytes // group_bytes
+    selected = min(groups, budget // (parts * group_bytes))
+    second = part_bytes if halves else 0
+    return L2Prefetch(device_address(w), second, group_bytes, groups, selected)
 
 
 def device_address(w: Any) -> int:
@@ -119,24 +130,32 @@ else:
 
 
 @device_function
-def block_share(length, block, nblocks):
-    """[start, end) of block `block`'s chunk when `length` bytes are cut into nblocks
-    16-byte-aligned chunks (the last ones may be empty)."""
-    chunk = ((length + nblocks - 1) // nblocks + 15) // 16 * 16
-    start = min(block * chunk, length)
-    return start, min(start + chunk, length)
+def block_share(count, block, nblocks):
+    """[first, last) of block `block`'s share when `count` items are dealt to nblocks blocks."""
+    return count * block // nblocks, count * (block + 1) // nblocks
 
 
 @device_function
-def prefetch_block_share(base, second, length, part, block, nblocks):
-    """This block's share of a prefetch of `length` bytes at `base` (part 0) and, where
-    `second` is not 0, at base + second (part 1), issued in pieces of at most PIECE_BYTES."""
-    if length <= 0 or (part == 1 and second == 0) or part > 1:
+def selected_group(j, groups, selected):
+    """The row group that the j-th of `selected` prefetched groups is: spread evenly over all
+    `groups` (SPREAD), or the j-th."""
+    if SPREAD:
+        return j * groups // selected
+    return j
+
+
+@device_function
+def prefetch_block_share(pf_base, pf_second, group_bytes, groups, selected, part, block, nblocks):
+    """This block's share of the prefetch of part `part` (0, or 1 where pf_second is not 0):
+    its selected row groups, each issued in pieces of at most PIECE_BYTES."""
+    if selected <= 0 or (part == 1 and pf_second == 0) or part > 1:
         return
-    start, end = block_share(length, block, nblocks)
-    origin = base + (second if part == 1 else 0)
-    offset = start
-    while offset < end:
-        size = min(end - offset, PIECE_BYTES)
-        prefetch_l2(origin + offset, size)
-        offset += size
+    origin = pf_base + (pf_second if part == 1 else 0)
+    first, last = block_share(selected, block, nblocks)
+    for j in range(first, last):
+        address = origin + selected_group(j, groups, selected) * group_bytes
+        offset = 0
+        while offset < group_bytes:
+            size = min(group_bytes - offset, PIECE_BYTES)
+            prefetch_l2(address + offset, size)
+            offset += size

@@ -31,7 +31,6 @@ from gpu.kernels import (
     embedding,
     gemv,
     gemv_mma,
-    l2_prefetch,
     rmsnorm,
 )
 from gpu.kernels import rope_kv as rope_kernels
@@ -266,7 +265,9 @@ class CudaBackend(ComposedOps):
             # A one-token step: while its blocks wait for attention, they prefetch the start
             # of gate_up's halves into L2 (l2_prefetch.py), which the memory would otherwise
             # idle through.
-            prefetch = NO_PREFETCH if next_gate_up is None else l2_prefetch.plan(next_gate_up, True)
+            prefetch = NO_PREFETCH
+            if next_gate_up is not None:
+                prefetch = gemv.prefetch_plan(next_gate_up, "silu")
             gemv.gemv(x, w, residual, epilogue="add", prefetch=prefetch, stream=self.stream)
         elif gemv_mma.serves(x.shape[0], w):
             gemv_mma.gemv_mma(x, w, residual, epilogue="add", stream=self.stream)
