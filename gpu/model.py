@@ -77,7 +77,7 @@ class LlamaModel:
             ops.rmsnorm_qkv_rope(
                 residual, layer.input_layernorm, eps, layer.qkv_proj, qkv, normed,
                 batch.positions, self.cos, self.sin, k_cache, v_cache, batch.slot_mapping,
-                self.num_heads, self.num_kv_heads, self.head_dim,
+                self.num_heads, self.num_kv_heads, self.head_dim, next_gate_up=layer.gate_up_proj,
             )  # fmt: skip
             ops.attention(
                 qkv, k_cache, v_cache, batch,

@@ -34,18 +34,28 @@ def test_selected_groups_are_distinct_and_spread(groups, selected):
 
 def test_plan_takes_whole_row_groups_of_each_half_within_the_budgets(monkeypatch):
     w = cuda.to_device(np.zeros((64, 512), np.uint16))  # 64 rows of 1 KB: halves of 32 KB
-    monkeypatch.setattr(l2_prefetch, "BUDGET_MB", 1)
+    monkeypatch.setattr(l2_prefetch, "ISSUER_MB", (0, 1))
     whole = l2_prefetch.plan(w, 4, halves=True)
     assert whole.base == l2_prefetch.device_address(w) != 0
     assert (whole.second, whole.group_bytes, whole.groups) == (32 << 10, 4 << 10, 8)
-    assert whole.selected == 8  # under the budget: all of it
-    monkeypatch.setattr(l2_prefetch, "_l2_bytes", lambda: 32 << 10)  # half the L2: 16 KB
+    assert whole.selected == whole.last == 8 and whole.first == 0  # under the budget: all
+    assert l2_prefetch.plan(w, 4, True, l2_prefetch.QKV) == l2_prefetch.NO_PREFETCH
+    monkeypatch.setattr(l2_prefetch, "_l2_bytes", lambda: 32 << 10)  # 3/4 of the L2: 24 KB
     capped = l2_prefetch.plan(w, 4, halves=True)
-    assert capped.selected * capped.group_bytes * 2 == 16 << 10
+    assert capped.selected * capped.group_bytes * 2 == 24 << 10
     one_part = l2_prefetch.plan(w, 4, halves=False)
-    assert (one_part.second, one_part.groups, one_part.selected) == (0, 16, 4)
-    monkeypatch.setattr(l2_prefetch, "BUDGET_MB", 0)
+    assert (one_part.second, one_part.groups, one_part.selected) == (0, 16, 6)
+    monkeypatch.setattr(l2_prefetch, "ISSUER_MB", (0, 0))
     assert l2_prefetch.plan(w, 4, halves=True) == l2_prefetch.NO_PREFETCH
+
+
+def test_two_issuers_split_the_selected_groups_in_launch_order(monkeypatch):
+    w = cuda.to_device(np.zeros((1 << 12, 512), np.uint16))  # 4 MB: halves of 2 MB
+    monkeypatch.setattr(l2_prefetch, "ISSUER_MB", (1, 2))
+    qkv = l2_prefetch.plan(w, 4, True, l2_prefetch.QKV)
+    o_proj = l2_prefetch.plan(w, 4, True, l2_prefetch.O_PROJ)
+    assert qkv.selected == o_proj.selected == 3 * (1 << 20) // (8 << 10)
+    assert (qkv.first, qkv.last, o_proj.first, o_proj.last) == (0, 128, 128, 384)
 
 
 def test_gemv_plans_the_groups_its_silu_blocks_read():

@@ -91,8 +91,10 @@ class Backend(Protocol):
         num_heads: int,
         num_kv_heads: int,
         head_dim: int,
+        next_gate_up: Array = None,
     ) -> None:
-        """qkv = rmsnorm(residual) * norm_weight @ w.T, then rope_kv_write on it."""
+        """qkv = rmsnorm(residual) * norm_weight @ w.T, then rope_kv_write on it.
+        `next_gate_up`: a hint, as for linear_residual."""
 
     def linear_residual(
         self, x: Array, w: Array, residual: Array, scratch: Array, next_gate_up: Array = None
@@ -173,7 +175,7 @@ class ComposedOps:
 
     def rmsnorm_qkv_rope(
         self, residual, norm_weight, eps, w, qkv, normed, positions, cos, sin, k_cache, v_cache,
-        slot_mapping, num_heads, num_kv_heads, head_dim,
+        slot_mapping, num_heads, num_kv_heads, head_dim, next_gate_up=None,
     ) -> None:  # fmt: skip
         self.rmsnorm_linear(residual, norm_weight, eps, w, qkv, normed)
         self.rope_kv_write(

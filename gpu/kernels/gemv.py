@@ -204,7 +204,7 @@ def gemv_kernel(
     def kernel(
         x64, xres, norm_w, eps, w64, out, num_tokens,
         positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads, head_dim,
-        pf_base, pf_second, pf_group_bytes, pf_groups, pf_selected,
+        pf_base, pf_second, pf_group_bytes, pf_groups, pf_selected, pf_first, pf_last,
     ):  # fmt: skip
         red = cuda.shared.array(red_shape, float32)
         fin = cuda.shared.array(nacc, float32)
@@ -254,10 +254,8 @@ def gemv_kernel(
         # Then the L2 prefetch of the next product's weights (l2_prefetch.py), one thread a
         # part: the memory streams them while this block waits for its input.
         if tid < 2:
-            prefetch_block_share(
-                pf_base, pf_second, pf_group_bytes, pf_groups, pf_selected, tid,
-                cuda.blockIdx.x, cuda.gridDim.x,
-            )  # fmt: skip
+            pf = (pf_base, pf_second, pf_group_bytes, pf_groups, pf_selected, pf_first, pf_last)
+            prefetch_block_share(pf, tid, cuda.blockIdx.x, cuda.gridDim.x)
         # Only what no kernel writes is read before the previous kernel has finished
         # (pdl.py): in a graph with programmatic edges the weights stream while it drains.
         grid_dependency_sync()
@@ -367,7 +365,9 @@ def plan(n_rows: int, k_words: int, max_tokens: int, norm: bool, epilogue: str):
     return rows, nthreads, cdiv(n_rows, rows)
 
 
-def prefetch_plan(w, epilogue: str, norm: bool = True) -> L2Prefetch:
+def prefetch_plan(
+    w, epilogue: str, norm: bool = True, issuer: int = l2_prefetch.O_PROJ
+) -> L2Prefetch:
     """The L2 prefetch of w ahead of a one-token product with w, this epilogue and prologue:
     the row groups its blocks read, spread over its grid (l2_prefetch.py). Not for "rope",
     whose blocks read rotation pairs scattered over a head."""
@@ -375,7 +375,7 @@ def prefetch_plan(w, epilogue: str, norm: bool = True) -> L2Prefetch:
         raise ValueError(f"gemv: no prefetch plan for the {epilogue!r} epilogue")
     rows, _, _ = plan(w.shape[0], w.shape[1] // 4, 1, norm, epilogue)
     silu = epilogue == "silu"
-    return l2_prefetch.plan(w, rows // 2 if silu else rows, halves=silu)
+    return l2_prefetch.plan(w, rows // 2 if silu else rows, halves=silu, issuer=issuer)
 
 
 def bucket(num_tokens: int) -> int:
@@ -456,7 +456,7 @@ def gemv(
 _ARGS = (
     "uint64[:, ::1], float32[:, ::1], float32[::1], float64, uint64[:, ::1], {out}, int64,"
     " int32[::1], float32[:, ::1], float32[:, ::1], uint16[:, :, :, ::1], uint16[:, :, :, ::1],"
-    " int32[::1], int64, int64, int64, int64, int64, int64, int64"
+    " int32[::1], int64, int64, int64, int64, int64, int64, int64, int64, int64"
 )
 gemv_qkv_llama32 = gemv_kernel(512, 1, 8, NTHREADS, "rmsnorm", "rope")
 gemv_gate_up_llama32 = gemv_kernel(512, 1, 8, NTHREADS, "rmsnorm", "silu")

@@ -34,9 +34,16 @@ from gpu.kernels.launch import SIMULATOR, device_function, env_choice
 # The most bytes one prefetch instruction is given (its size operand is 32-bit; smaller pieces
 # also spread one block's range over the copy engine's queue).
 PIECE_BYTES = 1 << 15
-# How much of the next matrix to prefetch, MB ($TINYCHAT_L2_PREFETCH_MB; 0: none). Capped at
-# half the device's L2, so that what is fetched first is not evicted by what is fetched last.
-BUDGET_MB = env_choice("TINYCHAT_L2_PREFETCH_MB", 24, range(1 << 12))
+# How much of the next matrix each issuing kernel prefetches, MB, in launch order: the qkv
+# product's blocks ($TINYCHAT_L2_PREFETCH_QKV_MB), then o_proj's, which wait for attention
+# ($TINYCHAT_L2_PREFETCH_MB); 0: none. Together capped at L2_SHARE of the device's L2, so that
+# what is fetched first is not evicted by what is fetched last.
+ISSUER_MB = (
+    env_choice("TINYCHAT_L2_PREFETCH_QKV_MB", 0, range(1 << 12)),
+    env_choice("TINYCHAT_L2_PREFETCH_MB", 24, range(1 << 12)),
+)
+QKV, O_PROJ = 0, 1
+L2_SHARE = 0.75
 # Which of the next kernel's row groups: spread evenly over its grid (1), so that every wave of
 # its blocks finds some rows in L2 and streams the others, keeping the memory busy throughout;
 # or its first blocks' (0), whose waves then read L2 alone while the memory idles.
@@ -48,16 +55,19 @@ class L2Prefetch(NamedTuple):
     kernel in row groups of `group_bytes` (one block's rows), `groups` of them in a part; where
     `second` is not 0 it has a second part at base + second, read alongside the first (the two
     halves of a merged [gate; up] matrix, in gemv.py's SiLU epilogue). `selected` groups of
-    each part are prefetched."""
+    each part are prefetched in all, by one kernel or two; this kernel issues the selected
+    groups first, first + 1, ..., last - 1."""
 
     base: int
     second: int
     group_bytes: int
     groups: int
     selected: int
+    first: int
+    last: int
 
 
-NO_PREFETCH = L2Prefetch(0, 0, 0, 0, 0)
+NO_PREFETCH = L2Prefetch(0, 0, 0, 0, 0, 0, 0)
 
 
 @functools.cache
@@ -65,19 +75,27 @@ def _l2_bytes() -> int:
     return 4 << 20 if SIMULATOR else int(cuda.get_current_device().L2_CACHE_SIZE)
 
 
-def plan(w: Any, group_rows: int, halves: bool) -> L2Prefetch:
+def plan(w: Any, group_rows: int, halves: bool, issuer: int = O_PROJ) -> L2Prefetch:
     """Prefetch arguments for w, read by blocks of `group_rows` rows (of each half of w, with
-    `halves`), within BUDGET_MB and half the L2."""
-    budget = min(BUDGET_MB << 20, _l2_bytes() // 2)
+    `halves`), for the issuing kernel `issuer` (QKV or O_PROJ), within ISSUER_MB and the L2."""
     parts = 2 if halves else 1
     part_bytes = w.nbytes // parts
     group_bytes = group_rows * w.nbytes // w.shape[0]
-    if budget <= 0 or group_bytes % 16 or part_bytes % 16:
+    if group_bytes <= 0 or group_bytes % 16 or part_bytes % 16:
         return NO_PREFETCH
     groups = part_bytes // group_bytes
-    selected = min(groups, budget // (parts * group_bytes))
+    cap = int(_l2_bytes() * L2_SHARE)
+    step = parts * group_bytes  # the bytes of one selected group, all parts
+
+    def count(mb: int) -> int:
+        return min(groups, min(mb << 20, cap) // step)
+
+    selected = count(sum(ISSUER_MB))
+    first, last = count(sum(ISSUER_MB[:issuer])), count(sum(ISSUER_MB[: issuer + 1]))
+    if last <= first:
+        return NO_PREFETCH
     second = part_bytes if halves else 0
-    return L2Prefetch(device_address(w), second, group_bytes, groups, selected)
+    return L2Prefetch(device_address(w), second, group_bytes, groups, selected, first, last)
 
 
 def device_address(w: Any) -> int:
@@ -145,14 +163,16 @@ def selected_group(j, groups, selected):
 
 
 @device_function
-def prefetch_block_share(pf_base, pf_second, group_bytes, groups, selected, part, block, nblocks):
-    """This block's share of the prefetch of part `part` (0, or 1 where pf_second is not 0):
-    its selected row groups, each issued in pieces of at most PIECE_BYTES."""
-    if selected <= 0 or (part == 1 and pf_second == 0) or part > 1:
+def prefetch_block_share(pf, part, block, nblocks):
+    """This block's share of the prefetch of part `part` (0, or 1 where pf's second is not 0):
+    its selected row groups, each issued in pieces of at most PIECE_BYTES. pf: the L2Prefetch
+    fields (base, second, group_bytes, groups, selected, first, last) as a tuple."""
+    base, second, group_bytes, groups, selected, first, last = pf
+    if last <= first or (part == 1 and second == 0) or part > 1:
         return
-    origin = pf_base + (pf_second if part == 1 else 0)
-    first, last = block_share(selected, block, nblocks)
-    for j in range(first, last):
+    origin = base + (second if part == 1 else 0)
+    lo, hi = block_share(last - first, block, nblocks)
+    for j in range(first + lo, first + hi):
         address = origin + selected_group(j, groups, selected) * group_bytes
         offset = 0
         while offset < group_bytes:

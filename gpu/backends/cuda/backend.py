@@ -31,6 +31,7 @@ from gpu.kernels import (
     embedding,
     gemv,
     gemv_mma,
+    l2_prefetch,
     rmsnorm,
 )
 from gpu.kernels import rope_kv as rope_kernels
@@ -238,7 +239,7 @@ class CudaBackend(ComposedOps):
 
     def rmsnorm_qkv_rope(
         self, residual, norm_weight, eps, w, qkv, normed, positions, cos, sin, k_cache, v_cache,
-        slot_mapping, num_heads, num_kv_heads, head_dim,
+        slot_mapping, num_heads, num_kv_heads, head_dim, next_gate_up=None,
     ) -> None:  # fmt: skip
         rope = gemv.RopeArgs(
             positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads, head_dim
@@ -252,9 +253,12 @@ class CudaBackend(ComposedOps):
                 residual, norm_weight, eps, w, qkv, normed, positions, cos, sin, k_cache,
                 v_cache, slot_mapping, num_heads, num_kv_heads, head_dim,
             )  # fmt: skip
+        prefetch = NO_PREFETCH  # its share of gate_up's L2 prefetch, as o_proj's below
+        if next_gate_up is not None:
+            prefetch = gemv.prefetch_plan(next_gate_up, "silu", issuer=l2_prefetch.QKV)
         gemv.gemv(
             None, w, qkv, epilogue="rope", residual=residual, norm_weight=norm_weight, eps=eps,
-            rope=rope, stream=self.stream,
+            rope=rope, prefetch=prefetch, stream=self.stream,
         )  # fmt: skip
         self.check("rmsnorm_qkv_rope")
 
