@@ -58,7 +58,8 @@ def test_two_issuers_split_the_selected_groups_in_launch_order(monkeypatch):
     assert (qkv.first, qkv.last, o_proj.first, o_proj.last) == (0, 128, 128, 384)
 
 
-def test_gemv_plans_the_groups_its_silu_blocks_read():
+def test_gemv_plans_the_groups_its_silu_blocks_read(monkeypatch):
+    monkeypatch.setattr(l2_prefetch, "ISSUER_MB", (0, 24))
     w = cuda.to_device(np.zeros((2 * 40, 256), np.uint16))
     rows, _, blocks = gemv.plan(80, 64, 1, True, "silu")
     pf = gemv.prefetch_plan(w, "silu")
@@ -67,7 +68,8 @@ def test_gemv_plans_the_groups_its_silu_blocks_read():
         gemv.prefetch_plan(w, "rope")
 
 
-def test_a_product_that_prefetches_computes_the_same():
+def test_a_product_that_prefetches_computes_the_same(monkeypatch):
+    monkeypatch.setattr(l2_prefetch, "ISSUER_MB", (0, 24))
     rng, _ = fresh_rng()
     t, k, n = 1, 128, 37
     x = cuda.to_device(to_bf16_bits(bf16_values(rng, (t, k))))

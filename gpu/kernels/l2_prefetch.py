@@ -36,11 +36,12 @@ from gpu.kernels.launch import SIMULATOR, device_function, env_choice
 PIECE_BYTES = 1 << 15
 # How much of the next matrix each issuing kernel prefetches, MB, in launch order: the qkv
 # product's blocks ($TINYCHAT_L2_PREFETCH_QKV_MB), then o_proj's, which wait for attention
-# ($TINYCHAT_L2_PREFETCH_MB); 0: none. Together capped at L2_SHARE of the device's L2, so that
-# what is fetched first is not evicted by what is fetched last.
+# ($TINYCHAT_L2_PREFETCH_MB); 0: none, the default until measured on the H200. Together capped
+# at L2_SHARE of the device's L2, so that what is fetched first is not evicted by what is
+# fetched last.
 ISSUER_MB = (
     env_choice("TINYCHAT_L2_PREFETCH_QKV_MB", 0, range(1 << 12)),
-    env_choice("TINYCHAT_L2_PREFETCH_MB", 24, range(1 << 12)),
+    env_choice("TINYCHAT_L2_PREFETCH_MB", 0, range(1 << 12)),
 )
 QKV, O_PROJ = 0, 1
 L2_SHARE = 0.75
