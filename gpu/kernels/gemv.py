@@ -149,9 +149,12 @@ def rope_store(
 
 @functools.cache
 def gemv_kernel(
-    k_words: int, max_tokens: int, rows: int, nthreads: int, prologue: str, epilogue: str
-):
-    """The kernel for K = 4 * k_words inputs, up to max_tokens tokens, `rows` outputs a block."""
+    k_words: int, max_tokens: int, rows: int, nthreads: int, prologue: str, epilogue: str,
+    prefetch: bool = False,
+):  # fmt: skip
+    """The kernel for K = 4 * k_words inputs, up to max_tokens tokens, `rows` outputs a block.
+    With `prefetch`, its blocks issue an L2 prefetch (l2_prefetch.py) before their wait;
+    without, the prefetch arguments are ignored and the code is not built in."""
     if prologue not in PROLOGUES or epilogue not in EPILOGUES:
         raise ValueError(f"gemv: unknown prologue {prologue!r} or epilogue {epilogue!r}")
     if epilogue in PAIRED and rows % 2:
@@ -253,7 +256,7 @@ def gemv_kernel(
             )
         # Then the L2 prefetch of the next product's weights (l2_prefetch.py), one thread a
         # part: the memory streams them while this block waits for its input.
-        if tid < 2:
+        if prefetch and tid < 2:
             pf = (pf_base, pf_second, pf_group_bytes, pf_groups, pf_selected, pf_first, pf_last)
             prefetch_block_share(pf, tid, cuda.blockIdx.x, cuda.gridDim.x)
         # Only what no kernel writes is read before the previous kernel has finished
@@ -441,8 +444,9 @@ def gemv(
     max_tokens = bucket(t)
     rows, nthreads, blocks = plan(w.shape[0], k // 4, max_tokens, norm, epilogue)
     kernel = gemv_kernel(
-        k // 4, max_tokens, rows, nthreads, "rmsnorm" if norm else "none", epilogue
-    )
+        k // 4, max_tokens, rows, nthreads, "rmsnorm" if norm else "none", epilogue,
+        prefetch.last > prefetch.first,
+    )  # fmt: skip
     if norm:
         x64, xres, nw = _dummy(np.uint64, 2), residual, norm_weight
     else:
@@ -462,9 +466,14 @@ gemv_qkv_llama32 = gemv_kernel(512, 1, 8, NTHREADS, "rmsnorm", "rope")
 gemv_gate_up_llama32 = gemv_kernel(512, 1, 8, NTHREADS, "rmsnorm", "silu")
 gemv_down_llama32 = gemv_kernel(2048, 1, 4, NTHREADS, "none", "add")
 gemv_lm_head_llama32 = gemv_kernel(512, 1, 16, NTHREADS, "rmsnorm", "store")
+# ... and the two that issue gate_up's L2 prefetch where it is on (l2_prefetch.py).
+gemv_qkv_prefetch_llama32 = gemv_kernel(512, 1, 8, NTHREADS, "rmsnorm", "rope", True)
+gemv_o_proj_prefetch_llama32 = gemv_kernel(512, 1, 4, NTHREADS, "none", "add", True)
 SIGNATURES = {
     "gemv_qkv_llama32": [f"void({_ARGS.format(out='float32[:, ::1]')})"],
     "gemv_gate_up_llama32": [f"void({_ARGS.format(out='uint16[:, ::1]')})"],
     "gemv_down_llama32": [f"void({_ARGS.format(out='float32[:, ::1]')})"],
     "gemv_lm_head_llama32": [f"void({_ARGS.format(out='float32[:, ::1]')})"],
+    "gemv_qkv_prefetch_llama32": [f"void({_ARGS.format(out='float32[:, ::1]')})"],
+    "gemv_o_proj_prefetch_llama32": [f"void({_ARGS.format(out='float32[:, ::1]')})"],
 }
