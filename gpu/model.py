@@ -77,15 +77,13 @@ class LlamaModel:
             ops.rmsnorm_qkv_rope(
                 residual, layer.input_layernorm, eps, layer.qkv_proj, qkv, normed,
                 batch.positions, self.cos, self.sin, k_cache, v_cache, batch.slot_mapping,
-                self.num_heads, self.num_kv_heads, self.head_dim, next_gate_up=layer.gate_up_proj,
+                self.num_heads, self.num_kv_heads, self.head_dim,
             )  # fmt: skip
             ops.attention(
                 qkv, k_cache, v_cache, batch,
                 self.num_heads, self.num_kv_heads, self.head_dim, self.scale, attn_out,
             )  # fmt: skip
-            ops.linear_residual(
-                attn_out, layer.o_proj, residual, proj_out, next_gate_up=layer.gate_up_proj
-            )
+            ops.linear_residual(attn_out, layer.o_proj, residual, proj_out)
             ops.rmsnorm_gate_up_silu(
                 residual, layer.post_attention_layernorm, eps, layer.gate_up_proj, mlp_act,
                 normed, gate_up,

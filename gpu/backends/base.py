@@ -91,17 +91,11 @@ class Backend(Protocol):
         num_heads: int,
         num_kv_heads: int,
         head_dim: int,
-        next_gate_up: Array = None,
     ) -> None:
-        """qkv = rmsnorm(residual) * norm_weight @ w.T, then rope_kv_write on it.
-        `next_gate_up`: a hint, as for linear_residual."""
+        """qkv = rmsnorm(residual) * norm_weight @ w.T, then rope_kv_write on it."""
 
-    def linear_residual(
-        self, x: Array, w: Array, residual: Array, scratch: Array, next_gate_up: Array = None
-    ) -> None:
-        """residual += x @ w.T (`scratch`: [T, N] "f32"). `next_gate_up`, a hint: the merged
-        [gate; up] weights that the op after this one multiplies by; a backend may start
-        moving them toward the processor while this op waits for its input."""
+    def linear_residual(self, x: Array, w: Array, residual: Array, scratch: Array) -> None:
+        """residual += x @ w.T (`scratch`: [T, N] "f32")."""
 
     def rmsnorm_gate_up_silu(
         self,
@@ -175,7 +169,7 @@ class ComposedOps:
 
     def rmsnorm_qkv_rope(
         self, residual, norm_weight, eps, w, qkv, normed, positions, cos, sin, k_cache, v_cache,
-        slot_mapping, num_heads, num_kv_heads, head_dim, next_gate_up=None,
+        slot_mapping, num_heads, num_kv_heads, head_dim,
     ) -> None:  # fmt: skip
         self.rmsnorm_linear(residual, norm_weight, eps, w, qkv, normed)
         self.rope_kv_write(

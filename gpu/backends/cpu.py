@@ -89,12 +89,7 @@ class CpuBackend(ComposedOps):
         np.matmul(x, w.T, out=out)
 
     def linear_residual(
-        self,
-        x: np.ndarray,
-        w: np.ndarray,
-        residual: np.ndarray,
-        scratch: np.ndarray,
-        next_gate_up: np.ndarray | None = None,
+        self, x: np.ndarray, w: np.ndarray, residual: np.ndarray, scratch: np.ndarray
     ) -> None:
         self.linear(x, w, scratch)
         residual += scratch

@@ -71,10 +71,8 @@ from typing import Any, NamedTuple
 import numpy as np
 from numba import cuda, float32, uint64
 
-from gpu.kernels import l2_prefetch
 from gpu.kernels.activation import silu_of_products
 from gpu.kernels.bf16 import bf16_of_word, bf16_to_f32, f32_to_bf16
-from gpu.kernels.l2_prefetch import NO_PREFETCH, L2Prefetch, prefetch_block_share
 from gpu.kernels.launch import SIMULATOR, cdiv, device_function, threads
 from gpu.kernels.pdl import grid_dependency_sync
 
@@ -149,12 +147,9 @@ def rope_store(
 
 @functools.cache
 def gemv_kernel(
-    k_words: int, max_tokens: int, rows: int, nthreads: int, prologue: str, epilogue: str,
-    prefetch: bool = False,
-):  # fmt: skip
-    """The kernel for K = 4 * k_words inputs, up to max_tokens tokens, `rows` outputs a block.
-    With `prefetch`, its blocks issue an L2 prefetch (l2_prefetch.py) before their wait;
-    without, the prefetch arguments are ignored and the code is not built in."""
+    k_words: int, max_tokens: int, rows: int, nthreads: int, prologue: str, epilogue: str
+):
+    """The kernel for K = 4 * k_words inputs, up to max_tokens tokens, `rows` outputs a block."""
     if prologue not in PROLOGUES or epilogue not in EPILOGUES:
         raise ValueError(f"gemv: unknown prologue {prologue!r} or epilogue {epilogue!r}")
     if epilogue in PAIRED and rows % 2:
@@ -207,7 +202,6 @@ def gemv_kernel(
     def kernel(
         x64, xres, norm_w, eps, w64, out, num_tokens,
         positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads, head_dim,
-        pf_base, pf_second, pf_group_bytes, pf_groups, pf_selected, pf_first, pf_last,
     ):  # fmt: skip
         red = cuda.shared.array(red_shape, float32)
         fin = cuda.shared.array(nacc, float32)
@@ -254,11 +248,6 @@ def gemv_kernel(
             rc, rs, slot = rope_inputs(
                 base + out_row, out_t, positions, cos, sin, slot_mapping, rope_pairs, half_dim
             )
-        # Then the L2 prefetch of the next product's weights (l2_prefetch.py), one thread a
-        # part: the memory streams them while this block waits for its input.
-        if prefetch and tid < 2:
-            pf = (pf_base, pf_second, pf_group_bytes, pf_groups, pf_selected, pf_first, pf_last)
-            prefetch_block_share(pf, tid, cuda.blockIdx.x, cuda.gridDim.x)
         # Only what no kernel writes is read before the previous kernel has finished
         # (pdl.py): in a graph with programmatic edges the weights stream while it drains.
         grid_dependency_sync()
@@ -368,19 +357,6 @@ def plan(n_rows: int, k_words: int, max_tokens: int, norm: bool, epilogue: str):
     return rows, nthreads, cdiv(n_rows, rows)
 
 
-def prefetch_plan(
-    w, epilogue: str, norm: bool = True, issuer: int = l2_prefetch.O_PROJ
-) -> L2Prefetch:
-    """The L2 prefetch of w ahead of a one-token product with w, this epilogue and prologue:
-    the row groups its blocks read, spread over its grid (l2_prefetch.py). Not for "rope",
-    whose blocks read rotation pairs scattered over a head."""
-    if epilogue not in EPILOGUES or epilogue == "rope":
-        raise ValueError(f"gemv: no prefetch plan for the {epilogue!r} epilogue")
-    rows, _, _ = plan(w.shape[0], w.shape[1] // 4, 1, norm, epilogue)
-    silu = epilogue == "silu"
-    return l2_prefetch.plan(w, rows // 2 if silu else rows, halves=silu, issuer=issuer)
-
-
 def bucket(num_tokens: int) -> int:
     """The kernel's compile-time token count: the next power of two (1, 2, 4, 8)."""
     return 1 << (num_tokens - 1).bit_length()
@@ -424,15 +400,13 @@ def _no_rope() -> RopeArgs:
 
 def gemv(
     x, w, out, *, epilogue: str = "store", residual=None, norm_weight=None, eps: float = 0.0,
-    rope: RopeArgs | None = None, prefetch: L2Prefetch = NO_PREFETCH, stream=0,
+    rope: RopeArgs | None = None, stream=0,
 ) -> None:  # fmt: skip
     """out = epilogue(prologue(x) @ w.T) for x [T, K] (T <= MAX_TOKENS), w [N, K] bf16 bits.
 
     With norm_weight given, the input is `residual` [T, K] float32, normalised on the fly
     (x is unused and may be None); otherwise x is bf16 bits. out: float32 [T, N] ("store",
-    "add", and "rope", which also needs `rope`) or bf16 bits [T, N / 2] ("silu"). `prefetch`:
-    parts of another matrix the blocks move into L2 before they wait for their input
-    (prefetch_plan).
+    "add", and "rope", which also needs `rope`) or bf16 bits [T, N / 2] ("silu").
     """
     norm = norm_weight is not None
     src = residual if norm else x
@@ -444,15 +418,14 @@ def gemv(
     max_tokens = bucket(t)
     rows, nthreads, blocks = plan(w.shape[0], k // 4, max_tokens, norm, epilogue)
     kernel = gemv_kernel(
-        k // 4, max_tokens, rows, nthreads, "rmsnorm" if norm else "none", epilogue,
-        prefetch.last > prefetch.first,
-    )  # fmt: skip
+        k // 4, max_tokens, rows, nthreads, "rmsnorm" if norm else "none", epilogue
+    )
     if norm:
         x64, xres, nw = _dummy(np.uint64, 2), residual, norm_weight
     else:
         x64, xres, nw = x.view(np.uint64), _dummy(np.float32, 2), _dummy(np.float32, 1)
     kernel[blocks, nthreads, stream](
-        x64, xres, nw, float(eps), w.view(np.uint64), out, t, *(rope or _no_rope()), *prefetch
+        x64, xres, nw, float(eps), w.view(np.uint64), out, t, *(rope or _no_rope())
     )
 
 
@@ -460,20 +433,15 @@ def gemv(
 _ARGS = (
     "uint64[:, ::1], float32[:, ::1], float32[::1], float64, uint64[:, ::1], {out}, int64,"
     " int32[::1], float32[:, ::1], float32[:, ::1], uint16[:, :, :, ::1], uint16[:, :, :, ::1],"
-    " int32[::1], int64, int64, int64, int64, int64, int64, int64, int64, int64"
+    " int32[::1], int64, int64"
 )
 gemv_qkv_llama32 = gemv_kernel(512, 1, 8, NTHREADS, "rmsnorm", "rope")
 gemv_gate_up_llama32 = gemv_kernel(512, 1, 8, NTHREADS, "rmsnorm", "silu")
 gemv_down_llama32 = gemv_kernel(2048, 1, 4, NTHREADS, "none", "add")
 gemv_lm_head_llama32 = gemv_kernel(512, 1, 16, NTHREADS, "rmsnorm", "store")
-# ... and the two that issue gate_up's L2 prefetch where it is on (l2_prefetch.py).
-gemv_qkv_prefetch_llama32 = gemv_kernel(512, 1, 8, NTHREADS, "rmsnorm", "rope", True)
-gemv_o_proj_prefetch_llama32 = gemv_kernel(512, 1, 4, NTHREADS, "none", "add", True)
 SIGNATURES = {
     "gemv_qkv_llama32": [f"void({_ARGS.format(out='float32[:, ::1]')})"],
     "gemv_gate_up_llama32": [f"void({_ARGS.format(out='uint16[:, ::1]')})"],
     "gemv_down_llama32": [f"void({_ARGS.format(out='float32[:, ::1]')})"],
     "gemv_lm_head_llama32": [f"void({_ARGS.format(out='float32[:, ::1]')})"],
-    "gemv_qkv_prefetch_llama32": [f"void({_ARGS.format(out='float32[:, ::1]')})"],
-    "gemv_o_proj_prefetch_llama32": [f"void({_ARGS.format(out='float32[:, ::1]')})"],
 }

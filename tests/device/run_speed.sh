@@ -21,7 +21,7 @@ BENCH="python3 -m chat_app.cli bench --device cuda"
     timeout "${T_GRAPHS:-240}" python3 -m pytest -q -p no:cacheprovider tests/test_cuda_graphs.py \
       tests/test_cublaslt.py tests/test_async_scheduling.py tests/test_kernels_cuda_backend.py \
       tests/test_kernels_gemv.py tests/test_kernels_attention.py tests/test_kernels_sampling.py \
-      tests/test_kernels_elementwise.py tests/test_kernels_mma.py tests/test_l2_prefetch.py \
+      tests/test_kernels_elementwise.py tests/test_kernels_mma.py \
       2>&1 | tail -15
   fi
   for micro in ${MICRO:-bench_gemv bench_kernels bench_prefill}; do

@@ -31,12 +31,10 @@ from gpu.kernels import (
     embedding,
     gemv,
     gemv_mma,
-    l2_prefetch,
     rmsnorm,
 )
 from gpu.kernels import rope_kv as rope_kernels
 from gpu.kernels.bf16 import from_bf16_bits, to_bf16_bits
-from gpu.kernels.l2_prefetch import NO_PREFETCH
 from gpu.kernels.launch import SIMULATOR
 from gpu.sampling import SamplingMetadata
 
@@ -239,7 +237,7 @@ class CudaBackend(ComposedOps):
 
     def rmsnorm_qkv_rope(
         self, residual, norm_weight, eps, w, qkv, normed, positions, cos, sin, k_cache, v_cache,
-        slot_mapping, num_heads, num_kv_heads, head_dim, next_gate_up=None,
+        slot_mapping, num_heads, num_kv_heads, head_dim,
     ) -> None:  # fmt: skip
         rope = gemv.RopeArgs(
             positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads, head_dim
@@ -253,26 +251,15 @@ class CudaBackend(ComposedOps):
                 residual, norm_weight, eps, w, qkv, normed, positions, cos, sin, k_cache,
                 v_cache, slot_mapping, num_heads, num_kv_heads, head_dim,
             )  # fmt: skip
-        prefetch = NO_PREFETCH  # its share of gate_up's L2 prefetch, as o_proj's below
-        if next_gate_up is not None:
-            prefetch = gemv.prefetch_plan(next_gate_up, "silu", issuer=l2_prefetch.QKV)
         gemv.gemv(
             None, w, qkv, epilogue="rope", residual=residual, norm_weight=norm_weight, eps=eps,
-            rope=rope, prefetch=prefetch, stream=self.stream,
+            rope=rope, stream=self.stream,
         )  # fmt: skip
         self.check("rmsnorm_qkv_rope")
 
-    def linear_residual(
-        self, x: Any, w: Any, residual: Any, scratch: Any, next_gate_up: Any = None
-    ) -> None:
+    def linear_residual(self, x: Any, w: Any, residual: Any, scratch: Any) -> None:
         if gemv.serves(*x.shape):
-            # A one-token step: while its blocks wait for attention, they prefetch the start
-            # of gate_up's halves into L2 (l2_prefetch.py), which the memory would otherwise
-            # idle through.
-            prefetch = NO_PREFETCH
-            if next_gate_up is not None:
-                prefetch = gemv.prefetch_plan(next_gate_up, "silu")
-            gemv.gemv(x, w, residual, epilogue="add", prefetch=prefetch, stream=self.stream)
+            gemv.gemv(x, w, residual, epilogue="add", stream=self.stream)
         elif gemv_mma.serves(x.shape[0], w):
             gemv_mma.gemv_mma(x, w, residual, epilogue="add", stream=self.stream)
         else:
