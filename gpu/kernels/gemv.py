@@ -57,6 +57,16 @@ single-token steps (DECODE_TOKENS); steps of 2-8 tokens go to the tensor-core tw
 kernel, gemv_mma.py. What would make it stream faster: persistent blocks that
 load the next rows while reducing the current ones, instead of ~3 waves of short blocks.
 
+Where the early start stops helping (twelfth session). A block's weights load before its wait
+only if the block can start, i.e. if the SM has registers left beside the kernel before it.
+The sm_90 builds (ptxas -v): qkv and gate_up 72 registers x 256 threads (3 blocks an SM), down
+100 (2), o_proj 40 (6). Beside down's second wave an SM has 14 K registers free and a qkv block
+needs 18 K, so qkv's 12.6 MB stream only once down has ended: 9.0 us a layer in the H200 trace
+against 3.0 at the copy rate, while down itself streams at the copy rate. Shared memory, under
+1 KB of 228 an SM here, is the idle resource: a qkv of one block an SM holding its rows (96 KB)
+in shared memory, with few registers, would start beside down. An L2 prefetch of gate_up from
+o_proj's waiting blocks was measured instead and dropped (BENCHMARKS.md, history at 7170e58).
+
 numpy twins: CpuBackend.linear, rmsnorm_linear, linear_residual, rmsnorm_gate_up_silu and
 rmsnorm_qkv_rope (gpu/backends/cpu.py and ComposedOps in gpu/backends/base.py).
 """
