@@ -60,7 +60,7 @@ load the next rows while reducing the current ones, instead of ~3 waves of short
 Where the early start stops helping (twelfth session). A block's weights load before its wait
 only if the block can start, i.e. if the SM has registers left beside the kernel before it.
 The sm_90 builds (ptxas -v): qkv and gate_up 72 registers x 256 threads (3 blocks an SM), down
-100 (2), o_proj 40 (6). Beside down's second wave an SM has 14 K registers free and a qkv block
+100 (2), o_proj 32 (8). Beside down's second wave an SM has 14 K registers free and a qkv block
 needs 18 K, so qkv's 12.6 MB stream only once down has ended: 9.0 us a layer in the H200 trace
 against 3.0 at the copy rate, while down itself streams at the copy rate. Shared memory, under
 1 KB of 228 an SM here, is the idle resource: a qkv of one block an SM holding its rows (96 KB)

@@ -5,8 +5,8 @@
 # transformers beside it when COMPARE=hf (then throughput and chat run in a process of their
 # own, bench_llama_load.json). Writes under $OUT: speed.log, bench_*.json and the
 # microbenchmarks' JSON; prints the bench tables last. Each part has its own time limit.
-# Knobs: MICRO (which microbenchmarks), WORKLOADS, REQUESTS, COMPARE, SKIP_TESTS, SKIP_EAGER, SKIP_SMOL,
-# BASELINE=1 (also latency + decode with the serial engine, --no-async-scheduling), T_* limits.
+# Knobs: MICRO (which microbenchmarks), WORKLOADS, REQUESTS, COMPARE, SKIP_TESTS, SKIP_EAGER,
+# SKIP_SMOL, BASELINE=1 (also latency + decode with the serial engine, --no-async-scheduling), T_* limits.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/tinychat-device-out}
@@ -21,8 +21,7 @@ BENCH="python3 -m chat_app.cli bench --device cuda"
     timeout "${T_GRAPHS:-240}" python3 -m pytest -q -p no:cacheprovider tests/test_cuda_graphs.py \
       tests/test_cublaslt.py tests/test_async_scheduling.py tests/test_kernels_cuda_backend.py \
       tests/test_kernels_gemv.py tests/test_kernels_attention.py tests/test_kernels_sampling.py \
-      tests/test_kernels_elementwise.py tests/test_kernels_mma.py \
-      2>&1 | tail -15
+      tests/test_kernels_elementwise.py tests/test_kernels_mma.py 2>&1 | tail -15
   fi
   for micro in ${MICRO:-bench_gemv bench_kernels bench_prefill}; do
     if [ -f "tests/device/$micro.py" ]; then
