@@ -67,6 +67,18 @@ against 3.0 at the copy rate, while down itself streams at the copy rate. Shared
 in shared memory, with few registers, would start beside down. An L2 prefetch of gate_up from
 o_proj's waiting blocks was measured instead and dropped (BENCHMARKS.md, history at 7170e58).
 
+Staged (TINYCHAT_GEMV_STAGED=1, thirteenth session). The staged kernel is this kernel at one
+token with its weights fetched into shared memory instead of registers: one block an SM, each
+holding its share of the matrix (Llama-3.2-1B's qkv: 24 rows, 96 KB; o_proj: 16 rows, 64 KB),
+copied by cp.async (cp_async.py) before the programmatic wait, so the copies hold no register
+while in flight. Capped at 48 registers (ptxas: no spill), its block (12 K registers) fits
+beside down's two (100 registers a thread, rounded to 3,328 a warp: 12 K left of 64 K), and
+with every gemv kernel asking for the largest shared-memory carveout the SM has room for its
+96 KB. So qkv's whole 12.6 MB can arrive while down streams, and after down only the norm, the
+sums from shared memory and the epilogue remain. A matrix whose share of an SM is over
+STAGED_KB (gate_up, down, the LM head) stays on the register kernel; SmolLM2-135M's are all
+small enough (under 30 KB an SM).
+
 numpy twins: CpuBackend.linear, rmsnorm_linear, linear_residual, rmsnorm_gate_up_silu and
 rmsnorm_qkv_rope (gpu/backends/cpu.py and ComposedOps in gpu/backends/base.py).
 """
@@ -83,7 +95,8 @@ from numba import cuda, float32, uint64
 
 from gpu.kernels.activation import silu_of_products
 from gpu.kernels.bf16 import bf16_of_word, bf16_to_f32, f32_to_bf16
-from gpu.kernels.launch import SIMULATOR, cdiv, device_function, threads
+from gpu.kernels.cp_async import aligned_start, copy_async_16, wait_async_copies
+from gpu.kernels.launch import SIMULATOR, cdiv, device_function, env_choice, threads
 from gpu.kernels.pdl import grid_dependency_sync
 
 MAX_TOKENS = 8  # the largest step the kernel is built for
@@ -101,6 +114,18 @@ PAIRED = ("silu", "rope")  # epilogues that combine two rows of w per output pai
 ROWS = int(os.environ.get("TINYCHAT_GEMV_ROWS", "0"))  # 0: chosen per matrix by plan()
 NTHREADS = int(os.environ.get("TINYCHAT_GEMV_THREADS", "256"))
 TALL_ROWS = 32768
+# Staged weights (see "Staged" in the docstring): on or off, and the most shared memory a
+# block may stage (KB; beside a kernel that holds little shared memory, under the 227 KB an
+# SM gives one block).
+STAGED = env_choice("TINYCHAT_GEMV_STAGED", 0, (0, 1))
+STAGED_KB = env_choice("TINYCHAT_GEMV_STAGED_KB", 100, range(1, 228))
+STAGED_MAX_ROWS = 32  # a thread keeps one partial sum a row in registers
+STAGED_MAX_REGISTERS = 48
+# With staging on, every gemv kernel asks for the largest shared-memory carveout: an SM
+# changes its L1 / shared split only when idle, so a kernel that starts beside another
+# (programmatic launch) finds the split that one chose. $TINYCHAT_GEMV_MAXSHARED overrides.
+MAXSHARED = env_choice("TINYCHAT_GEMV_MAXSHARED", STAGED, (0, 1))
+SIMULATED_SMS = 8  # the simulator's "SM count", for the staged kernels' grid
 
 
 @device_function
@@ -157,13 +182,17 @@ def rope_store(
 
 @functools.cache
 def gemv_kernel(
-    k_words: int, max_tokens: int, rows: int, nthreads: int, prologue: str, epilogue: str
-):
-    """The kernel for K = 4 * k_words inputs, up to max_tokens tokens, `rows` outputs a block."""
+    k_words: int, max_tokens: int, rows: int, nthreads: int, prologue: str, epilogue: str,
+    staged: bool = False,
+):  # fmt: skip
+    """The kernel for K = 4 * k_words inputs, up to max_tokens tokens, `rows` outputs a block;
+    staged: the block's weight rows go to shared memory by cp.async (one token only)."""
     if prologue not in PROLOGUES or epilogue not in EPILOGUES:
         raise ValueError(f"gemv: unknown prologue {prologue!r} or epilogue {epilogue!r}")
     if epilogue in PAIRED and rows % 2:
         raise ValueError(f"gemv: the {epilogue} epilogue needs an even number of rows")
+    if staged and (max_tokens != 1 or k_words % 2):
+        raise ValueError("gemv: a staged kernel serves one token and K a multiple of 8")
     norm = prologue == "rmsnorm"
     silu = epilogue == "silu"
     rope = epilogue == "rope"
@@ -178,7 +207,8 @@ def gemv_kernel(
     red_shape = (nthreads, nacc) if SIMULATOR else (nwarps, nacc)
     xf_len = max_tokens * 4 * wpt if norm else 1
     nw_len = 4 * wpt if norm else 1
-    nwv, nwf = rows * wpt, rows * 4  # local array sizes must be compile-time constants
+    nwv, nwf = (1 if staged else rows * wpt), rows * 4  # local sizes: compile-time constants
+    half_words = k_words // 2  # 16-byte copies a staged row
     exact = k_words % nthreads == 0  # every thread owns wpt words: no guard needed
 
     # The block reductions (the norm's sums of squares, the final dot products): each thread's
@@ -209,12 +239,24 @@ def gemv_kernel(
             total += red[k, a]
         return total
 
+    @device_function
+    def weight_row(r, base, n_w, rope_pairs, half_dim):
+        """The row of w behind the block's row r: `rows` consecutive ones, or rows/2 pairs
+        (paired epilogues). Out-of-range rows are clamped for the loads, never stored."""
+        n = base + r
+        if silu and r >= half:
+            n = n_w // 2 + base + r - half
+        elif rope:
+            n = pair_row(base + r % half, r // half, rope_pairs, half_dim)
+        return min(n, n_w - 1)
+
     def kernel(
         x64, xres, norm_w, eps, w64, out, num_tokens,
         positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads, head_dim,
     ):  # fmt: skip
         red = cuda.shared.array(red_shape, float32)
         fin = cuda.shared.array(nacc, float32)
+        ws = cuda.shared.array(0, uint64)  # staged: rows x k_words weight words (+1 spare)
         wv = cuda.local.array(nwv, uint64)
         wf = cuda.local.array(nwf, float32)
         xf = cuda.local.array(xf_len, float32)
@@ -227,19 +269,22 @@ def gemv_kernel(
         half_dim = head_dim // 2
         rope_pairs = (num_heads + k_cache.shape[2]) * half_dim  # q and k heads
 
-        # This block's weight rows: `rows` consecutive ones, or rows/2 pairs (paired epilogues).
-        # Out-of-range rows are clamped for the loads, never stored.
+        # This block's weight rows: into registers, or (staged) into shared memory.
         base = cuda.blockIdx.x * (half if paired else rows)
-        for r in range(rows):
-            n = base + r
-            if silu and r >= half:
-                n = n_w // 2 + base + r - half
-            elif rope:
-                n = pair_row(base + r % half, r // half, rope_pairs, half_dim)
-            n = min(n, n_w - 1)
-            for j in range(wpt):
-                c = min(tid + j * nthreads, k_words - 1)
-                wv[r * wpt + j] = w64[n, c]
+        first = 0
+        if staged:
+            first = aligned_start(ws)
+            for q in range(tid, rows * half_words, nthreads):
+                r = q // half_words
+                c = 2 * (q - r * half_words)
+                n = weight_row(r, base, n_w, rope_pairs, half_dim)
+                copy_async_16(ws, first + r * k_words + c, w64, n, c)
+        else:
+            for r in range(rows):
+                n = weight_row(r, base, n_w, rope_pairs, half_dim)
+                for j in range(wpt):
+                    c = min(tid + j * nthreads, k_words - 1)
+                    wv[r * wpt + j] = w64[n, c]
         if norm:  # the norm's weights too: else a dependent round trip after its reduction
             for j in range(wpt):
                 c = min(tid + j * nthreads, k_words - 1)
@@ -290,8 +335,24 @@ def gemv_kernel(
 
         for a in range(nacc):
             acc[a] = float32(0.0)
+        if staged:  # the copies were issued first; the norm above overlapped their flight
+            wait_async_copies()
+            cuda.syncthreads()
         for j in range(wpt):
-            if exact or tid + j * nthreads < k_words:
+            if staged and (exact or tid + j * nthreads < k_words):
+                c = tid + j * nthreads  # one token: x's four values, then every row's word
+                for i in range(4):
+                    if norm:
+                        xs[i] = xf[j * 4 + i]
+                    else:
+                        xs[i] = bf16_of_word(x64[0, c], i)
+                for r in range(rows):
+                    word = ws[first + r * k_words + c]
+                    dot = acc[r]
+                    for i in range(4):
+                        dot += bf16_of_word(word, i) * xs[i]
+                    acc[r] = dot
+            elif exact or tid + j * nthreads < k_words:
                 c = tid + j * nthreads
                 for r in range(rows):
                     for i in range(4):
@@ -337,7 +398,9 @@ def gemv_kernel(
             else:
                 out[t, base + r] = total
 
-    return cuda.jit(cache=True)(kernel)
+    if staged and not SIMULATOR:  # to fit beside down's two blocks (see "Staged")
+        return cuda.jit(cache=True, max_registers=STAGED_MAX_REGISTERS)(kernel)
+    return cuda.jit(cache=True)(kernel)  # the carveout: see _configure
 
 
 def plan(n_rows: int, k_words: int, max_tokens: int, norm: bool, epilogue: str):
@@ -365,6 +428,56 @@ def plan(n_rows: int, k_words: int, max_tokens: int, norm: bool, epilogue: str):
         rows = max(rows, 2)
         return rows, nthreads, cdiv(n_rows // 2, rows // 2)
     return rows, nthreads, cdiv(n_rows, rows)
+
+
+@functools.cache
+def _sm_count() -> int:
+    if SIMULATOR:
+        return SIMULATED_SMS
+    return cuda.get_current_device().MULTIPROCESSOR_COUNT
+
+
+def staged_plan(n_rows: int, k_words: int, epilogue: str) -> tuple[int, int, int, int] | None:
+    """(weight rows per block, threads, blocks, dynamic shared bytes) of the staged kernel, or
+    None where it does not serve the matrix: one block an SM, each holding its share of the
+    rows (of the pairs, for paired epilogues) in shared memory, if that fits STAGED_KB and
+    STAGED_MAX_ROWS. Llama-3.2-1B's qkv: 24 rows (96 KB) x 128 blocks; o_proj: 16 rows (64 KB)
+    x 128; gate_up and down (0.5 and 0.25 MB an SM) stay on the register kernel."""
+    if k_words % 2:
+        return None
+    units = n_rows // 2 if epilogue in PAIRED else n_rows
+    per_block = cdiv(units, _sm_count())
+    rows = 2 * per_block if epilogue in PAIRED else per_block
+    nbytes = (rows * k_words + 1) * 8  # one spare word: see cp_async.aligned_start
+    if rows > STAGED_MAX_ROWS or nbytes > STAGED_KB * 1024:
+        return None
+    nthreads = threads(NTHREADS if k_words >= NTHREADS else NTHREADS // 2)
+    return rows, nthreads, cdiv(units, per_block), nbytes
+
+
+_CONFIGURED: dict = {}  # kernel -> how many builds of it have their attributes set
+
+
+def _configure(kernel, args: tuple, nbytes: int) -> None:
+    """Set what a build needs before its launch: over 48 KB of dynamic shared memory only once
+    the compiled function allows it (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES), and the
+    carveout preference (MAXSHARED). Numba applies a jit's shared_memory_carveout only to a
+    build it compiles, not to one loaded from its disk cache, so this sets it on every build."""
+    if SIMULATOR or (nbytes <= 48 * 1024 and not MAXSHARED):
+        return
+    if _CONFIGURED.get(kernel) == len(kernel.overloads) > 0:
+        return
+    from numba.cuda.cudadrv.driver import binding, driver
+
+    kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))
+    attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    for build in kernel.overloads.values():
+        cufunc = build.library.get_cufunc()
+        if nbytes > 48 * 1024:
+            driver.cuKernelSetAttribute(attr, nbytes, cufunc.handle, cufunc.device.id)
+        if MAXSHARED:
+            cufunc.set_shared_memory_carveout(100)
+    _CONFIGURED[kernel] = len(kernel.overloads)
 
 
 def bucket(num_tokens: int) -> int:
@@ -410,13 +523,14 @@ def _no_rope() -> RopeArgs:
 
 def gemv(
     x, w, out, *, epilogue: str = "store", residual=None, norm_weight=None, eps: float = 0.0,
-    rope: RopeArgs | None = None, stream=0,
+    rope: RopeArgs | None = None, stream=0, staged: bool | None = None,
 ) -> None:  # fmt: skip
     """out = epilogue(prologue(x) @ w.T) for x [T, K] (T <= MAX_TOKENS), w [N, K] bf16 bits.
 
     With norm_weight given, the input is `residual` [T, K] float32, normalised on the fly
     (x is unused and may be None); otherwise x is bf16 bits. out: float32 [T, N] ("store",
     "add", and "rope", which also needs `rope`) or bf16 bits [T, N / 2] ("silu").
+    staged: use the staged kernel where it serves the matrix (default: $TINYCHAT_GEMV_STAGED).
     """
     norm = norm_weight is not None
     src = residual if norm else x
@@ -426,17 +540,22 @@ def gemv(
     if (epilogue == "rope") != (rope is not None):
         raise ValueError("gemv: the rope epilogue, and only it, takes rope arguments")
     max_tokens = bucket(t)
-    rows, nthreads, blocks = plan(w.shape[0], k // 4, max_tokens, norm, epilogue)
-    kernel = gemv_kernel(
-        k // 4, max_tokens, rows, nthreads, "rmsnorm" if norm else "none", epilogue
-    )
+    prologue = "rmsnorm" if norm else "none"
+    staging = staged_plan(w.shape[0], k // 4, epilogue) if t == 1 else None
+    if staging and (STAGED if staged is None else staged):
+        rows, nthreads, blocks, nbytes = staging
+        kernel = gemv_kernel(k // 4, 1, rows, nthreads, prologue, epilogue, staged=True)
+    else:
+        rows, nthreads, blocks = plan(w.shape[0], k // 4, max_tokens, norm, epilogue)
+        kernel = gemv_kernel(k // 4, max_tokens, rows, nthreads, prologue, epilogue)
+        nbytes = 0
     if norm:
         x64, xres, nw = _dummy(np.uint64, 2), residual, norm_weight
     else:
         x64, xres, nw = x.view(np.uint64), _dummy(np.float32, 2), _dummy(np.float32, 1)
-    kernel[blocks, nthreads, stream](
-        x64, xres, nw, float(eps), w.view(np.uint64), out, t, *(rope or _no_rope())
-    )
+    args = (x64, xres, nw, float(eps), w.view(np.uint64), out, t, *(rope or _no_rope()))
+    _configure(kernel, args, nbytes)
+    kernel[blocks, nthreads, stream, nbytes](*args)
 
 
 # The specialisations of Llama-3.2-1B's decode at batch 1, for the sm_90 compile test.
@@ -449,9 +568,13 @@ gemv_qkv_llama32 = gemv_kernel(512, 1, 8, NTHREADS, "rmsnorm", "rope")
 gemv_gate_up_llama32 = gemv_kernel(512, 1, 8, NTHREADS, "rmsnorm", "silu")
 gemv_down_llama32 = gemv_kernel(2048, 1, 4, NTHREADS, "none", "add")
 gemv_lm_head_llama32 = gemv_kernel(512, 1, 16, NTHREADS, "rmsnorm", "store")
+gemv_qkv_staged_llama32 = gemv_kernel(512, 1, 24, NTHREADS, "rmsnorm", "rope", staged=True)
+gemv_o_proj_staged_llama32 = gemv_kernel(512, 1, 16, NTHREADS, "none", "add", staged=True)
 SIGNATURES = {
     "gemv_qkv_llama32": [f"void({_ARGS.format(out='float32[:, ::1]')})"],
     "gemv_gate_up_llama32": [f"void({_ARGS.format(out='uint16[:, ::1]')})"],
     "gemv_down_llama32": [f"void({_ARGS.format(out='float32[:, ::1]')})"],
     "gemv_lm_head_llama32": [f"void({_ARGS.format(out='float32[:, ::1]')})"],
+    "gemv_qkv_staged_llama32": [f"void({_ARGS.format(out='float32[:, ::1]')})"],
+    "gemv_o_proj_staged_llama32": [f"void({_ARGS.format(out='float32[:, ::1]')})"],
 }
