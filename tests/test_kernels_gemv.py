@@ -129,10 +129,10 @@ def test_padding_rows_of_a_bucket_are_not_written():
 def test_staged_plan_serves_what_fits():
     """One block an SM, each holding its share of the rows; not where K / 4 is odd (16-byte
     copies), a block's rows would pass STAGED_MAX_ROWS or its bytes STAGED_KB."""
-    sms = gemv.SIMULATED_SMS
-    rows, _, blocks, nbytes = gemv.staged_plan(37, 32, "add")
-    assert (rows, blocks, nbytes) == (5, 8, (5 * 32 + 1) * 8)
-    assert gemv.staged_plan(2 * 37, 32, "silu")[:3:2] == (10, 8)  # 5 pairs a block
+    sms = gemv._sm_count()  # the simulator's SIMULATED_SMS, or the GPU's
+    rows, _, blocks, nbytes = gemv.staged_plan(5 * sms - 3, 32, "add")
+    assert (rows, blocks, nbytes) == (5, sms, (5 * 32 + 1) * 8)
+    assert gemv.staged_plan(2 * (5 * sms - 3), 32, "silu")[:3:2] == (10, sms)  # 5 pairs
     assert gemv.staged_plan(37, 33, "add") is None
     assert gemv.staged_plan(sms * (gemv.STAGED_MAX_ROWS + 1), 32, "add") is None
     too_long = gemv.STAGED_KB * 1024 // 8 + 2

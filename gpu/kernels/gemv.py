@@ -91,7 +91,7 @@ import os
 from typing import Any, NamedTuple
 
 import numpy as np
-from numba import cuda, float32, uint64
+from numba import cuda, float32, int64, uint64
 
 from gpu.kernels.activation import silu_of_products
 from gpu.kernels.bf16 import bf16_of_word, bf16_to_f32, f32_to_bf16
@@ -117,14 +117,16 @@ TALL_ROWS = 32768
 # Staged weights (see "Staged" in the docstring): on or off, and the most shared memory a
 # block may stage (KB; beside a kernel that holds little shared memory, under the 227 KB an
 # SM gives one block).
-STAGED = env_choice("TINYCHAT_GEMV_STAGED", 0, (0, 1))
+STAGED = env_choice("TINYCHAT_GEMV_STAGED", 0, (0, 1, 2))  # 2: qkv (the rope epilogue) only
 STAGED_KB = env_choice("TINYCHAT_GEMV_STAGED_KB", 100, range(1, 228))
 STAGED_MAX_ROWS = 32  # a thread keeps one partial sum a row in registers
 STAGED_MAX_REGISTERS = 48
-# With staging on, every gemv kernel asks for the largest shared-memory carveout: an SM
-# changes its L1 / shared split only when idle, so a kernel that starts beside another
-# (programmatic launch) finds the split that one chose. $TINYCHAT_GEMV_MAXSHARED overrides.
-MAXSHARED = env_choice("TINYCHAT_GEMV_MAXSHARED", STAGED, (0, 1))
+# The shared-memory carveout (percent of the SM's 228 KB) the register kernels ask for; 0:
+# none (the driver's choice). An SM changes its L1 / shared split only when idle, so a staged
+# block that starts beside another kernel's (programmatic launch) finds the split that kernel
+# chose. Each staged kernel asks for the least split that holds it (staged_carveout).
+CARVEOUT = env_choice("TINYCHAT_GEMV_CARVEOUT", 0, range(101))
+SM_SHARED_BYTES = 228 * 1024
 SIMULATED_SMS = 8  # the simulator's "SM count", for the staged kernels' grid
 
 
@@ -208,7 +210,6 @@ def gemv_kernel(
     xf_len = max_tokens * 4 * wpt if norm else 1
     nw_len = 4 * wpt if norm else 1
     nwv, nwf = (1 if staged else rows * wpt), rows * 4  # local sizes: compile-time constants
-    half_words = k_words // 2  # 16-byte copies a staged row
     exact = k_words % nthreads == 0  # every thread owns wpt words: no guard needed
 
     # The block reductions (the norm's sums of squares, the final dot products): each thread's
@@ -257,6 +258,7 @@ def gemv_kernel(
         red = cuda.shared.array(red_shape, float32)
         fin = cuda.shared.array(nacc, float32)
         ws = cuda.shared.array(0, uint64)  # staged: rows x k_words weight words (+1 spare)
+        row_of = cuda.shared.array(rows if staged else 1, int64)  # staged: weight_row(r)
         wv = cuda.local.array(nwv, uint64)
         wf = cuda.local.array(nwf, float32)
         xf = cuda.local.array(xf_len, float32)
@@ -272,13 +274,15 @@ def gemv_kernel(
         # This block's weight rows: into registers, or (staged) into shared memory.
         base = cuda.blockIdx.x * (half if paired else rows)
         first = 0
-        if staged:
+        if staged:  # each row's index once (its divisions cost ~100 instructions), then copies
             first = aligned_start(ws)
-            for q in range(tid, rows * half_words, nthreads):
-                r = q // half_words
-                c = 2 * (q - r * half_words)
-                n = weight_row(r, base, n_w, rope_pairs, half_dim)
-                copy_async_16(ws, first + r * k_words + c, w64, n, c)
+            if tid < rows:
+                row_of[tid] = weight_row(tid, base, n_w, rope_pairs, half_dim)
+            cuda.syncthreads()
+            for r in range(rows):
+                n = row_of[r]
+                for c in range(2 * tid, k_words, 2 * nthreads):
+                    copy_async_16(ws, first + r * k_words + c, w64, n, c)
         else:
             for r in range(rows):
                 n = weight_row(r, base, n_w, rope_pairs, half_dim)
@@ -398,7 +402,7 @@ def gemv_kernel(
             else:
                 out[t, base + r] = total
 
-    if staged and not SIMULATOR:  # to fit beside down's two blocks (see "Staged")
+    if staged and rope and not SIMULATOR:  # qkv: to fit beside down's two blocks ("Staged")
         return cuda.jit(cache=True, max_registers=STAGED_MAX_REGISTERS)(kernel)
     return cuda.jit(cache=True)(kernel)  # the carveout: see _configure
 
@@ -455,15 +459,21 @@ def staged_plan(n_rows: int, k_words: int, epilogue: str) -> tuple[int, int, int
     return rows, nthreads, cdiv(units, per_block), nbytes
 
 
+def staged_carveout(nbytes: int) -> int:
+    """The least carveout (percent) whose shared memory holds a staged block of nbytes beside
+    two blocks of the register kernel (~1 KB each, plus the 1 KB the system reserves a block)."""
+    return min(100, -(-100 * (nbytes + 4 * 1024) // SM_SHARED_BYTES))
+
+
 _CONFIGURED: dict = {}  # kernel -> how many builds of it have their attributes set
 
 
-def _configure(kernel, args: tuple, nbytes: int) -> None:
+def _configure(kernel, args: tuple, nbytes: int, carveout: int) -> None:
     """Set what a build needs before its launch: over 48 KB of dynamic shared memory only once
     the compiled function allows it (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES), and the
-    carveout preference (MAXSHARED). Numba applies a jit's shared_memory_carveout only to a
+    carveout preference (0: none). Numba applies a jit's shared_memory_carveout only to a
     build it compiles, not to one loaded from its disk cache, so this sets it on every build."""
-    if SIMULATOR or (nbytes <= 48 * 1024 and not MAXSHARED):
+    if SIMULATOR or (nbytes <= 48 * 1024 and not carveout):
         return
     if _CONFIGURED.get(kernel) == len(kernel.overloads) > 0:
         return
@@ -475,8 +485,8 @@ def _configure(kernel, args: tuple, nbytes: int) -> None:
         cufunc = build.library.get_cufunc()
         if nbytes > 48 * 1024:
             driver.cuKernelSetAttribute(attr, nbytes, cufunc.handle, cufunc.device.id)
-        if MAXSHARED:
-            cufunc.set_shared_memory_carveout(100)
+        if carveout:
+            cufunc.set_shared_memory_carveout(carveout)
     _CONFIGURED[kernel] = len(kernel.overloads)
 
 
@@ -542,19 +552,21 @@ def gemv(
     max_tokens = bucket(t)
     prologue = "rmsnorm" if norm else "none"
     staging = staged_plan(w.shape[0], k // 4, epilogue) if t == 1 else None
-    if staging and (STAGED if staged is None else staged):
+    want = STAGED if staged is None else int(staged)
+    if staging and (want == 1 or (want == 2 and epilogue == "rope")):
         rows, nthreads, blocks, nbytes = staging
         kernel = gemv_kernel(k // 4, 1, rows, nthreads, prologue, epilogue, staged=True)
+        carveout = staged_carveout(nbytes)
     else:
         rows, nthreads, blocks = plan(w.shape[0], k // 4, max_tokens, norm, epilogue)
         kernel = gemv_kernel(k // 4, max_tokens, rows, nthreads, prologue, epilogue)
-        nbytes = 0
+        nbytes, carveout = 0, CARVEOUT
     if norm:
         x64, xres, nw = _dummy(np.uint64, 2), residual, norm_weight
     else:
         x64, xres, nw = x.view(np.uint64), _dummy(np.float32, 2), _dummy(np.float32, 1)
     args = (x64, xres, nw, float(eps), w.view(np.uint64), out, t, *(rope or _no_rope()))
-    _configure(kernel, args, nbytes)
+    _configure(kernel, args, nbytes, carveout)
     kernel[blocks, nthreads, stream, nbytes](*args)
 
 
