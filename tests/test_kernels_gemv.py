@@ -29,16 +29,6 @@ NORM_ATOL = 2e-3
 # (tokens, K, N): one token, a padded bucket (3 of 4), a full bucket of 8; K = 4 * words with
 # words a multiple of the simulator's 32 threads (no guard) or not; N not a multiple of rows.
 SHAPES = [(1, 128, 37), (3, 200, 22), (8, 72, 9)]
-# The staged kernel (one token; gemv.SIMULATED_SMS blocks, each holding its rows in shared
-# memory): N not a multiple of the rows a block holds, K a multiple of the simulator's
-# 32-thread stride or not. Each case also runs the register kernel (staged=False).
-STAGED = [(1, 128, 37), (1, 200, 22)]
-CASES = [(*shape, False) for shape in SHAPES] + [(*shape, True) for shape in STAGED]
-
-
-def _check_staged(staged, n, k, epilogue):
-    """A staged case must take the staged kernel: the plan serves it."""
-    assert not staged or gemv.staged_plan(n, k // 4, epilogue) is not None
 
 
 def _inputs(rng, t, k, n):
@@ -49,28 +39,25 @@ def _inputs(rng, t, k, n):
     return x, w, residual, norm_w
 
 
-@pytest.mark.parametrize(("t", "k", "n", "staged"), CASES)
-def test_store_matches_linear(t, k, n, staged):
-    _check_staged(staged, n, k, "store")
+@pytest.mark.parametrize(("t", "k", "n"), SHAPES)
+def test_store_matches_linear(t, k, n):
     rng, seed = fresh_rng()
     x, w, _, _ = _inputs(rng, t, k, n)
     out = poisoned((t, n), np.float32)
-    gemv.gemv(cuda.to_device(to_bf16_bits(x)), cuda.to_device(to_bf16_bits(w)), out,
-              staged=staged)  # fmt: skip
+    gemv.gemv(cuda.to_device(to_bf16_bits(x)), cuda.to_device(to_bf16_bits(w)), out)
     expected = np.empty((t, n), np.float32)
     cpu.linear(x, w, expected)
     assert_close(synced(out), expected, 1e-5, 1e-5, seed, "gemv store")
 
 
-@pytest.mark.parametrize(("t", "k", "n", "staged"), CASES)
-def test_add_accumulates_into_the_residual(t, k, n, staged):
-    _check_staged(staged, n, k, "add")
+@pytest.mark.parametrize(("t", "k", "n"), SHAPES)
+def test_add_accumulates_into_the_residual(t, k, n):
     rng, seed = fresh_rng()
     x, w, _, _ = _inputs(rng, t, k, n)
     residual = rng.standard_normal((t, n)).astype(np.float32)
     d_residual = cuda.to_device(residual)
     gemv.gemv(cuda.to_device(to_bf16_bits(x)), cuda.to_device(to_bf16_bits(w)), d_residual,
-              epilogue="add", staged=staged)  # fmt: skip
+              epilogue="add")  # fmt: skip
     expected = residual.copy()
     cpu.linear_residual(x, w, expected, np.empty((t, n), np.float32))
     assert_close(synced(d_residual), expected, 1e-5, 1e-5, seed, "gemv add")
@@ -83,32 +70,26 @@ def _normed_bf16(residual, norm_w):
     return round_to_bf16(normed)
 
 
-@pytest.mark.parametrize(("t", "k", "n", "staged"), CASES)
-def test_rmsnorm_prologue_matches_rmsnorm_linear(t, k, n, staged):
-    _check_staged(staged, n, k, "store")
+@pytest.mark.parametrize(("t", "k", "n"), SHAPES)
+def test_rmsnorm_prologue_matches_rmsnorm_linear(t, k, n):
     rng, seed = fresh_rng()
     _, w, residual, norm_w = _inputs(rng, t, k, n)
     out = poisoned((t, n), np.float32)
     gemv.gemv(None, cuda.to_device(to_bf16_bits(w)), out, residual=cuda.to_device(residual),
-              norm_weight=cuda.to_device(norm_w), eps=1e-5, staged=staged)  # fmt: skip
+              norm_weight=cuda.to_device(norm_w), eps=1e-5)  # fmt: skip
     expected = np.empty((t, n), np.float32)
     cpu.linear(_normed_bf16(residual, norm_w), w, expected)
     assert_close(synced(out), expected, 1e-5, NORM_ATOL, seed, "gemv rmsnorm prologue")
 
 
-@pytest.mark.parametrize(
-    ("t", "k", "inter", "staged"),
-    [(1, 128, 19, False), (3, 200, 6, False), (8, 72, 5, False), (1, 128, 19, True),
-     (1, 200, 13, True)],
-)  # fmt: skip
-def test_rmsnorm_gate_up_silu_matches_the_composition(t, k, inter, staged):
-    _check_staged(staged, 2 * inter, k, "silu")
+@pytest.mark.parametrize(("t", "k", "inter"), [(1, 128, 19), (3, 200, 6), (8, 72, 5)])
+def test_rmsnorm_gate_up_silu_matches_the_composition(t, k, inter):
     rng, seed = fresh_rng()
     _, w, residual, norm_w = _inputs(rng, t, k, 2 * inter)
     out = poisoned((t, inter), np.uint16)
     d_res, d_norm_w = cuda.to_device(residual), cuda.to_device(norm_w)
     gemv.gemv(None, cuda.to_device(to_bf16_bits(w)), out, epilogue="silu",
-              residual=d_res, norm_weight=d_norm_w, eps=1e-5, staged=staged)  # fmt: skip
+              residual=d_res, norm_weight=d_norm_w, eps=1e-5)  # fmt: skip
     gate_up = np.empty((t, 2 * inter), np.float32)
     cpu.linear(_normed_bf16(residual, norm_w), w, gate_up)
     expected = np.empty((t, inter), np.float32)
@@ -126,19 +107,6 @@ def test_padding_rows_of_a_bucket_are_not_written():
     assert np.isfinite(host[:3]).all() and np.isnan(host[3]).all()
 
 
-def test_staged_plan_serves_what_fits():
-    """One block an SM, each holding its share of the rows; not where K / 4 is odd (16-byte
-    copies), a block's rows would pass STAGED_MAX_ROWS or its bytes STAGED_KB."""
-    sms = gemv._sm_count()  # the simulator's SIMULATED_SMS, or the GPU's
-    rows, _, blocks, nbytes = gemv.staged_plan(5 * sms - 3, 32, "add")
-    assert (rows, blocks, nbytes) == (5, sms, (5 * 32 + 1) * 8)
-    assert gemv.staged_plan(2 * (5 * sms - 3), 32, "silu")[:3:2] == (10, sms)  # 5 pairs
-    assert gemv.staged_plan(37, 33, "add") is None
-    assert gemv.staged_plan(sms * (gemv.STAGED_MAX_ROWS + 1), 32, "add") is None
-    too_long = gemv.STAGED_KB * 1024 // 8 + 2
-    assert gemv.staged_plan(sms, too_long, "add") is None
-
-
 def test_refuses_what_it_does_not_serve():
     assert gemv.supports(8, 2048) and not gemv.supports(9, 2048) and not gemv.supports(1, 6)
     with pytest.raises(ValueError, match="at most"):
@@ -146,22 +114,17 @@ def test_refuses_what_it_does_not_serve():
                   cuda.device_array((9, 4), np.float32))  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("t", "nh", "nkv", "hd", "k", "staged"),
-    [(1, 4, 2, 16, 128, False), (3, 3, 1, 8, 72, False), (1, 4, 2, 16, 128, True),
-     (1, 3, 1, 8, 200, True)],
-)  # fmt: skip
-def test_rmsnorm_qkv_rope_matches_the_composition(t, nh, nkv, hd, k, staged):
+@pytest.mark.parametrize(("t", "nh", "nkv", "hd", "k"), [(1, 4, 2, 16, 128), (3, 3, 1, 8, 72)])
+def test_rmsnorm_qkv_rope_matches_the_composition(t, nh, nkv, hd, k):
     """qkv with q, k rotated, and k, v in the paged cache (one padding row: slot -1)."""
     rng, seed = fresh_rng()
     n = (nh + 2 * nkv) * hd
-    _check_staged(staged, n, k, "rope")
     _, w, residual, norm_w = _inputs(rng, t, k, n)
     case = rope_epilogue_case(rng, t, nh, nkv, hd)
     qkv = poisoned((t, n), np.float32)
     gemv.gemv(None, cuda.to_device(to_bf16_bits(w)), qkv, epilogue="rope",
               residual=cuda.to_device(residual), norm_weight=cuda.to_device(norm_w), eps=1e-5,
-              rope=case.args, staged=staged)  # fmt: skip
+              rope=case.args)  # fmt: skip
     want = np.empty((t, n), np.float32)
     cpu.linear(_normed_bf16(residual, norm_w), w, want)
     case.expected(want, nh, nkv, hd)

@@ -57,27 +57,20 @@ single-token steps (DECODE_TOKENS); steps of 2-8 tokens go to the tensor-core tw
 kernel, gemv_mma.py. What would make it stream faster: persistent blocks that
 load the next rows while reducing the current ones, instead of ~3 waves of short blocks.
 
-Where the early start stops helping (twelfth session). A block's weights load before its wait
-only if the block can start, i.e. if the SM has registers left beside the kernel before it.
-The sm_90 builds (ptxas -v): qkv and gate_up 72 registers x 256 threads (3 blocks an SM), down
-100 (2), o_proj 32 (8). Beside down's second wave an SM has 14 K registers free and a qkv block
-needs 18 K, so qkv's 12.6 MB stream only once down has ended: 9.0 us a layer in the H200 trace
-against 3.0 at the copy rate, while down itself streams at the copy rate. Shared memory, under
-1 KB of 228 an SM here, is the idle resource: a qkv of one block an SM holding its rows (96 KB)
-in shared memory, with few registers, would start beside down. An L2 prefetch of gate_up from
-o_proj's waiting blocks was measured instead and dropped (BENCHMARKS.md, history at 7170e58).
-
-Staged (TINYCHAT_GEMV_STAGED=1, thirteenth session). The staged kernel is this kernel at one
-token with its weights fetched into shared memory instead of registers: one block an SM, each
-holding its share of the matrix (Llama-3.2-1B's qkv: 24 rows, 96 KB; o_proj: 16 rows, 64 KB),
-copied by cp.async (cp_async.py) before the programmatic wait, so the copies hold no register
-while in flight. Capped at 48 registers (ptxas: no spill), its block (12 K registers) fits
-beside down's two (100 registers a thread, rounded to 3,328 a warp: 12 K left of 64 K), and
-with every gemv kernel asking for the largest shared-memory carveout the SM has room for its
-96 KB. So qkv's whole 12.6 MB can arrive while down streams, and after down only the norm, the
-sums from shared memory and the epilogue remain. A matrix whose share of an SM is over
-STAGED_KB (gate_up, down, the LM head) stays on the register kernel; SmolLM2-135M's are all
-small enough (under 30 KB an SM).
+Where the early start stops helping (twelfth and thirteenth sessions). The sm_90 builds
+(ptxas -v): qkv and gate_up 72 registers x 256 threads (3 blocks an SM), down 100 (2), o_proj
+32 (8). qkv, 9.0 us a layer in the H200 trace against 3.0 at the copy rate, looked blocked
+behind down, with no registers for its blocks beside down's. Two ways to load more ahead were
+built, measured on an H100 and dropped (BENCHMARKS.md): an L2 prefetch of gate_up from
+o_proj's waiting blocks (history at 7170e58), and a staged qkv: one block an SM holding its
+rows (96 KB) in shared memory, fetched by cp.async before the wait with 48 registers, so all
+12.6 MB could arrive while down streams (history at f9e67b9; batch 1 903 -> 855 tok/s). The
+traces say why: the register qkv's first blocks already start 7.5 us before down ends, and
+down streams at the copy rate, so bytes loaded beside it only slow it (down + qkv 18.7 us a
+layer; staged 18.4-23.6). And the largest shared-memory carveout, which a staged block needs
+beside down, costs gate_up and down ~1 us each (906 -> 870 tok/s): a load's data lands in L1,
+28 KB then, so fewer bytes fly. What is left at batch 1 is latency between dependent steps
+(the norm's reduction, attention's ~8 us a layer), not streaming.
 
 numpy twins: CpuBackend.linear, rmsnorm_linear, linear_residual, rmsnorm_gate_up_silu and
 rmsnorm_qkv_rope (gpu/backends/cpu.py and ComposedOps in gpu/backends/base.py).
@@ -91,12 +84,11 @@ import os
 from typing import Any, NamedTuple
 
 import numpy as np
-from numba import cuda, float32, int64, uint64
+from numba import cuda, float32, uint64
 
 from gpu.kernels.activation import silu_of_products
 from gpu.kernels.bf16 import bf16_of_word, bf16_to_f32, f32_to_bf16
-from gpu.kernels.cp_async import aligned_start, copy_async_16, wait_async_copies
-from gpu.kernels.launch import SIMULATOR, cdiv, device_function, env_choice, threads
+from gpu.kernels.launch import SIMULATOR, cdiv, device_function, threads
 from gpu.kernels.pdl import grid_dependency_sync
 
 MAX_TOKENS = 8  # the largest step the kernel is built for
@@ -114,20 +106,6 @@ PAIRED = ("silu", "rope")  # epilogues that combine two rows of w per output pai
 ROWS = int(os.environ.get("TINYCHAT_GEMV_ROWS", "0"))  # 0: chosen per matrix by plan()
 NTHREADS = int(os.environ.get("TINYCHAT_GEMV_THREADS", "256"))
 TALL_ROWS = 32768
-# Staged weights (see "Staged" in the docstring): on or off, and the most shared memory a
-# block may stage (KB; beside a kernel that holds little shared memory, under the 227 KB an
-# SM gives one block).
-STAGED = env_choice("TINYCHAT_GEMV_STAGED", 0, (0, 1, 2))  # 2: qkv (the rope epilogue) only
-STAGED_KB = env_choice("TINYCHAT_GEMV_STAGED_KB", 100, range(1, 228))
-STAGED_MAX_ROWS = 32  # a thread keeps one partial sum a row in registers
-STAGED_MAX_REGISTERS = 48
-# The shared-memory carveout (percent of the SM's 228 KB) the register kernels ask for; 0:
-# none (the driver's choice). An SM changes its L1 / shared split only when idle, so a staged
-# block that starts beside another kernel's (programmatic launch) finds the split that kernel
-# chose. Each staged kernel asks for the least split that holds it (staged_carveout).
-CARVEOUT = env_choice("TINYCHAT_GEMV_CARVEOUT", 0, range(101))
-SM_SHARED_BYTES = 228 * 1024
-SIMULATED_SMS = 8  # the simulator's "SM count", for the staged kernels' grid
 
 
 @device_function
@@ -184,17 +162,13 @@ def rope_store(
 
 @functools.cache
 def gemv_kernel(
-    k_words: int, max_tokens: int, rows: int, nthreads: int, prologue: str, epilogue: str,
-    staged: bool = False,
-):  # fmt: skip
-    """The kernel for K = 4 * k_words inputs, up to max_tokens tokens, `rows` outputs a block;
-    staged: the block's weight rows go to shared memory by cp.async (one token only)."""
+    k_words: int, max_tokens: int, rows: int, nthreads: int, prologue: str, epilogue: str
+):
+    """The kernel for K = 4 * k_words inputs, up to max_tokens tokens, `rows` outputs a block."""
     if prologue not in PROLOGUES or epilogue not in EPILOGUES:
         raise ValueError(f"gemv: unknown prologue {prologue!r} or epilogue {epilogue!r}")
     if epilogue in PAIRED and rows % 2:
         raise ValueError(f"gemv: the {epilogue} epilogue needs an even number of rows")
-    if staged and (max_tokens != 1 or k_words % 2):
-        raise ValueError("gemv: a staged kernel serves one token and K a multiple of 8")
     norm = prologue == "rmsnorm"
     silu = epilogue == "silu"
     rope = epilogue == "rope"
@@ -209,7 +183,7 @@ def gemv_kernel(
     red_shape = (nthreads, nacc) if SIMULATOR else (nwarps, nacc)
     xf_len = max_tokens * 4 * wpt if norm else 1
     nw_len = 4 * wpt if norm else 1
-    nwv, nwf = (1 if staged else rows * wpt), rows * 4  # local sizes: compile-time constants
+    nwv, nwf = rows * wpt, rows * 4  # local array sizes must be compile-time constants
     exact = k_words % nthreads == 0  # every thread owns wpt words: no guard needed
 
     # The block reductions (the norm's sums of squares, the final dot products): each thread's
@@ -240,25 +214,12 @@ def gemv_kernel(
             total += red[k, a]
         return total
 
-    @device_function
-    def weight_row(r, base, n_w, rope_pairs, half_dim):
-        """The row of w behind the block's row r: `rows` consecutive ones, or rows/2 pairs
-        (paired epilogues). Out-of-range rows are clamped for the loads, never stored."""
-        n = base + r
-        if silu and r >= half:
-            n = n_w // 2 + base + r - half
-        elif rope:
-            n = pair_row(base + r % half, r // half, rope_pairs, half_dim)
-        return min(n, n_w - 1)
-
     def kernel(
         x64, xres, norm_w, eps, w64, out, num_tokens,
         positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads, head_dim,
     ):  # fmt: skip
         red = cuda.shared.array(red_shape, float32)
         fin = cuda.shared.array(nacc, float32)
-        ws = cuda.shared.array(0, uint64)  # staged: rows x k_words weight words (+1 spare)
-        row_of = cuda.shared.array(rows if staged else 1, int64)  # staged: weight_row(r)
         wv = cuda.local.array(nwv, uint64)
         wf = cuda.local.array(nwf, float32)
         xf = cuda.local.array(xf_len, float32)
@@ -271,24 +232,19 @@ def gemv_kernel(
         half_dim = head_dim // 2
         rope_pairs = (num_heads + k_cache.shape[2]) * half_dim  # q and k heads
 
-        # This block's weight rows: into registers, or (staged) into shared memory.
+        # This block's weight rows: `rows` consecutive ones, or rows/2 pairs (paired epilogues).
+        # Out-of-range rows are clamped for the loads, never stored.
         base = cuda.blockIdx.x * (half if paired else rows)
-        first = 0
-        if staged:  # each row's index once (its divisions cost ~100 instructions), then copies
-            first = aligned_start(ws)
-            if tid < rows:
-                row_of[tid] = weight_row(tid, base, n_w, rope_pairs, half_dim)
-            cuda.syncthreads()
-            for r in range(rows):
-                n = row_of[r]
-                for c in range(2 * tid, k_words, 2 * nthreads):
-                    copy_async_16(ws, first + r * k_words + c, w64, n, c)
-        else:
-            for r in range(rows):
-                n = weight_row(r, base, n_w, rope_pairs, half_dim)
-                for j in range(wpt):
-                    c = min(tid + j * nthreads, k_words - 1)
-                    wv[r * wpt + j] = w64[n, c]
+        for r in range(rows):
+            n = base + r
+            if silu and r >= half:
+                n = n_w // 2 + base + r - half
+            elif rope:
+                n = pair_row(base + r % half, r // half, rope_pairs, half_dim)
+            n = min(n, n_w - 1)
+            for j in range(wpt):
+                c = min(tid + j * nthreads, k_words - 1)
+                wv[r * wpt + j] = w64[n, c]
         if norm:  # the norm's weights too: else a dependent round trip after its reduction
             for j in range(wpt):
                 c = min(tid + j * nthreads, k_words - 1)
@@ -339,24 +295,8 @@ def gemv_kernel(
 
         for a in range(nacc):
             acc[a] = float32(0.0)
-        if staged:  # the copies were issued first; the norm above overlapped their flight
-            wait_async_copies()
-            cuda.syncthreads()
         for j in range(wpt):
-            if staged and (exact or tid + j * nthreads < k_words):
-                c = tid + j * nthreads  # one token: x's four values, then every row's word
-                for i in range(4):
-                    if norm:
-                        xs[i] = xf[j * 4 + i]
-                    else:
-                        xs[i] = bf16_of_word(x64[0, c], i)
-                for r in range(rows):
-                    word = ws[first + r * k_words + c]
-                    dot = acc[r]
-                    for i in range(4):
-                        dot += bf16_of_word(word, i) * xs[i]
-                    acc[r] = dot
-            elif exact or tid + j * nthreads < k_words:
+            if exact or tid + j * nthreads < k_words:
                 c = tid + j * nthreads
                 for r in range(rows):
                     for i in range(4):
@@ -402,9 +342,7 @@ def gemv_kernel(
             else:
                 out[t, base + r] = total
 
-    if staged and rope and not SIMULATOR:  # qkv: to fit beside down's two blocks ("Staged")
-        return cuda.jit(cache=True, max_registers=STAGED_MAX_REGISTERS)(kernel)
-    return cuda.jit(cache=True)(kernel)  # the carveout: see _configure
+    return cuda.jit(cache=True)(kernel)
 
 
 def plan(n_rows: int, k_words: int, max_tokens: int, norm: bool, epilogue: str):
@@ -432,62 +370,6 @@ def plan(n_rows: int, k_words: int, max_tokens: int, norm: bool, epilogue: str):
         rows = max(rows, 2)
         return rows, nthreads, cdiv(n_rows // 2, rows // 2)
     return rows, nthreads, cdiv(n_rows, rows)
-
-
-@functools.cache
-def _sm_count() -> int:
-    if SIMULATOR:
-        return SIMULATED_SMS
-    return cuda.get_current_device().MULTIPROCESSOR_COUNT
-
-
-def staged_plan(n_rows: int, k_words: int, epilogue: str) -> tuple[int, int, int, int] | None:
-    """(weight rows per block, threads, blocks, dynamic shared bytes) of the staged kernel, or
-    None where it does not serve the matrix: one block an SM, each holding its share of the
-    rows (of the pairs, for paired epilogues) in shared memory, if that fits STAGED_KB and
-    STAGED_MAX_ROWS. Llama-3.2-1B's qkv: 24 rows (96 KB) x 128 blocks; o_proj: 16 rows (64 KB)
-    x 128; gate_up and down (0.5 and 0.25 MB an SM) stay on the register kernel."""
-    if k_words % 2:
-        return None
-    units = n_rows // 2 if epilogue in PAIRED else n_rows
-    per_block = cdiv(units, _sm_count())
-    rows = 2 * per_block if epilogue in PAIRED else per_block
-    nbytes = (rows * k_words + 1) * 8  # one spare word: see cp_async.aligned_start
-    if rows > STAGED_MAX_ROWS or nbytes > STAGED_KB * 1024:
-        return None
-    nthreads = threads(NTHREADS if k_words >= NTHREADS else NTHREADS // 2)
-    return rows, nthreads, cdiv(units, per_block), nbytes
-
-
-def staged_carveout(nbytes: int) -> int:
-    """The least carveout (percent) whose shared memory holds a staged block of nbytes beside
-    two blocks of the register kernel (~1 KB each, plus the 1 KB the system reserves a block)."""
-    return min(100, -(-100 * (nbytes + 4 * 1024) // SM_SHARED_BYTES))
-
-
-_CONFIGURED: dict = {}  # kernel -> how many builds of it have their attributes set
-
-
-def _configure(kernel, args: tuple, nbytes: int, carveout: int) -> None:
-    """Set what a build needs before its launch: over 48 KB of dynamic shared memory only once
-    the compiled function allows it (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES), and the
-    carveout preference (0: none). Numba applies a jit's shared_memory_carveout only to a
-    build it compiles, not to one loaded from its disk cache, so this sets it on every build."""
-    if SIMULATOR or (nbytes <= 48 * 1024 and not carveout):
-        return
-    if _CONFIGURED.get(kernel) == len(kernel.overloads) > 0:
-        return
-    from numba.cuda.cudadrv.driver import binding, driver
-
-    kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))
-    attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    for build in kernel.overloads.values():
-        cufunc = build.library.get_cufunc()
-        if nbytes > 48 * 1024:
-            driver.cuKernelSetAttribute(attr, nbytes, cufunc.handle, cufunc.device.id)
-        if carveout:
-            cufunc.set_shared_memory_carveout(carveout)
-    _CONFIGURED[kernel] = len(kernel.overloads)
 
 
 def bucket(num_tokens: int) -> int:
@@ -533,14 +415,13 @@ def _no_rope() -> RopeArgs:
 
 def gemv(
     x, w, out, *, epilogue: str = "store", residual=None, norm_weight=None, eps: float = 0.0,
-    rope: RopeArgs | None = None, stream=0, staged: bool | None = None,
+    rope: RopeArgs | None = None, stream=0,
 ) -> None:  # fmt: skip
     """out = epilogue(prologue(x) @ w.T) for x [T, K] (T <= MAX_TOKENS), w [N, K] bf16 bits.
 
     With norm_weight given, the input is `residual` [T, K] float32, normalised on the fly
     (x is unused and may be None); otherwise x is bf16 bits. out: float32 [T, N] ("store",
     "add", and "rope", which also needs `rope`) or bf16 bits [T, N / 2] ("silu").
-    staged: use the staged kernel where it serves the matrix (default: $TINYCHAT_GEMV_STAGED).
     """
     norm = norm_weight is not None
     src = residual if norm else x
@@ -550,24 +431,17 @@ def gemv(
     if (epilogue == "rope") != (rope is not None):
         raise ValueError("gemv: the rope epilogue, and only it, takes rope arguments")
     max_tokens = bucket(t)
-    prologue = "rmsnorm" if norm else "none"
-    staging = staged_plan(w.shape[0], k // 4, epilogue) if t == 1 else None
-    want = STAGED if staged is None else int(staged)
-    if staging and (want == 1 or (want == 2 and epilogue == "rope")):
-        rows, nthreads, blocks, nbytes = staging
-        kernel = gemv_kernel(k // 4, 1, rows, nthreads, prologue, epilogue, staged=True)
-        carveout = staged_carveout(nbytes)
-    else:
-        rows, nthreads, blocks = plan(w.shape[0], k // 4, max_tokens, norm, epilogue)
-        kernel = gemv_kernel(k // 4, max_tokens, rows, nthreads, prologue, epilogue)
-        nbytes, carveout = 0, CARVEOUT
+    rows, nthreads, blocks = plan(w.shape[0], k // 4, max_tokens, norm, epilogue)
+    kernel = gemv_kernel(
+        k // 4, max_tokens, rows, nthreads, "rmsnorm" if norm else "none", epilogue
+    )
     if norm:
         x64, xres, nw = _dummy(np.uint64, 2), residual, norm_weight
     else:
         x64, xres, nw = x.view(np.uint64), _dummy(np.float32, 2), _dummy(np.float32, 1)
-    args = (x64, xres, nw, float(eps), w.view(np.uint64), out, t, *(rope or _no_rope()))
-    _configure(kernel, args, nbytes, carveout)
-    kernel[blocks, nthreads, stream, nbytes](*args)
+    kernel[blocks, nthreads, stream](
+        x64, xres, nw, float(eps), w.view(np.uint64), out, t, *(rope or _no_rope())
+    )
 
 
 # The specialisations of Llama-3.2-1B's decode at batch 1, for the sm_90 compile test.
@@ -580,13 +454,9 @@ gemv_qkv_llama32 = gemv_kernel(512, 1, 8, NTHREADS, "rmsnorm", "rope")
 gemv_gate_up_llama32 = gemv_kernel(512, 1, 8, NTHREADS, "rmsnorm", "silu")
 gemv_down_llama32 = gemv_kernel(2048, 1, 4, NTHREADS, "none", "add")
 gemv_lm_head_llama32 = gemv_kernel(512, 1, 16, NTHREADS, "rmsnorm", "store")
-gemv_qkv_staged_llama32 = gemv_kernel(512, 1, 24, NTHREADS, "rmsnorm", "rope", staged=True)
-gemv_o_proj_staged_llama32 = gemv_kernel(512, 1, 16, NTHREADS, "none", "add", staged=True)
 SIGNATURES = {
     "gemv_qkv_llama32": [f"void({_ARGS.format(out='float32[:, ::1]')})"],
     "gemv_gate_up_llama32": [f"void({_ARGS.format(out='uint16[:, ::1]')})"],
     "gemv_down_llama32": [f"void({_ARGS.format(out='float32[:, ::1]')})"],
     "gemv_lm_head_llama32": [f"void({_ARGS.format(out='float32[:, ::1]')})"],
-    "gemv_qkv_staged_llama32": [f"void({_ARGS.format(out='float32[:, ::1]')})"],
-    "gemv_o_proj_staged_llama32": [f"void({_ARGS.format(out='float32[:, ::1]')})"],
 }
