@@ -5,9 +5,9 @@
 # transformers beside it when COMPARE=hf (then throughput and chat run in a process of their
 # own, bench_llama_load.json). Writes under $OUT: speed.log, bench_*.json and the
 # microbenchmarks' JSON; prints the bench tables last. Each part has its own time limit.
-# Knobs: MICRO (which microbenchmarks; MICRO=none for none), WORKLOADS, REQUESTS, COMPARE, SKIP_TESTS, SKIP_EAGER,
-# SKIP_SMOL, BASELINE=1 (also latency + decode with the serial engine, --no-async-scheduling),
-# T_* limits.
+# Knobs: MICRO (which microbenchmarks; MICRO=none for none), WORKLOADS, REQUESTS, COMPARE,
+# SKIP_TESTS, SKIP_EAGER, SKIP_SMOL, BASELINE=1 (also latency + decode with the serial engine,
+# --no-async-scheduling), T_* limits.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/tinychat-device-out}
