@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING
 
 from gpu.sampling_params import RequestOutputKind, SamplingParams
+from gpu.sampling_presets import CHAT_DEFAULTS, CHAT_MAX_TOKENS
 
 if TYPE_CHECKING:
     from chat_app.history import HistoryStore
@@ -24,16 +25,19 @@ SAVE_INTERVAL_S = 1.0  # how often a streaming reply is written to the store
 
 @dataclass
 class ChatSettings:
-    """What a session asks of the engine; applied to the next message sent."""
+    """What a session asks of the engine; applied to the next message sent.
+
+    The defaults are the engine's chat preset (gpu/sampling_presets.py), the setting that
+    `tinychat bench --sampling chat` measures."""
 
     system_prompt: str = ""
-    temperature: float = 0.7
-    top_p: float = 0.9
-    top_k: int = 0
-    min_p: float = 0.0
-    max_tokens: int = 512
+    temperature: float = CHAT_DEFAULTS.temperature
+    top_p: float = CHAT_DEFAULTS.top_p
+    top_k: int = CHAT_DEFAULTS.top_k
+    min_p: float = CHAT_DEFAULTS.min_p
+    max_tokens: int = CHAT_MAX_TOKENS
     seed: int | None = None
-    repetition_penalty: float = 1.1
+    repetition_penalty: float = CHAT_DEFAULTS.repetition_penalty
 
     def sampling_params(self) -> SamplingParams:
         """The engine's parameters; raises ValueError (the engine's own words) if invalid."""
