@@ -16,7 +16,9 @@ class EngineConfig:
     cpu_kv_cache_bytes: int = 1 << 30  # the cpu backend's KV cache (vLLM's CPU KV space)
     enable_prefix_caching: bool = True
     enforce_eager: bool = False  # cuda: never replay CUDA graphs (vLLM's name)
-    seed: int = 0  # seeds the seeds of requests that bring none
+    # Seeds the seeds of requests that bring none; None: fresh OS entropy per engine, so
+    # unseeded requests differ from run to run (a request's own seed always reproduces).
+    seed: int | None = None
     # Launch step N+1 before waiting for step N's tokens (vLLM's async scheduling): the host's
     # part of a step overlaps the device's. Same tokens either way; False: strictly serial.
     async_scheduling: bool = True

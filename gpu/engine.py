@@ -16,12 +16,13 @@ the device (ForwardBatch.prev_rows), and that N's result replaces before the sto
 A sequence that stops on N's token has its token of N+1 discarded, as in vLLM.
 
 The engine falls back to the serial order (it drains: waits for and processes the step in
-flight before scheduling) when the next step needs real token ids on the host: a step in flight
-that samples with penalties (their history is the ids), or a preemption of a sequence holding a
-placeholder (recomputing it needs the ids). min_tokens bans need only counts, which the
-placeholders keep right, so they do not drain. Greedy and seeded sampling give the same tokens
-either way: the sampler's per-row RNG is keyed by (seed, number of tokens before), placeholders
-included.
+flight before scheduling) only to preempt a sequence holding a placeholder: recomputing it needs
+its real ids. Penalties and min_tokens bans need no ids on the host: each such sequence's token
+history is a row of the sampler's token state on the device, written once from its known ids
+and counted on by the sampler itself (see model_runner.StateOwners). Greedy and seeded sampling
+give the same tokens either way: the sampler's per-row RNG is keyed by (seed, number of tokens
+before), placeholders included. A request without a seed draws one from the engine's generator,
+seeded by EngineConfig.seed (None, the default: fresh entropy from the OS each engine).
 """
 
 from __future__ import annotations
@@ -52,7 +53,6 @@ class _LaunchedStep:
     sched: SchedulerOutput
     sampled: list[Sequence]
     handle: StepResult
-    needs_history: bool  # some row has penalties: the next step needs its real ids
 
 
 class LLMEngine:
@@ -85,7 +85,9 @@ class LLMEngine:
         self.scheduler = Scheduler(
             self.block_manager, config.max_num_seqs, max_tokens, self.max_model_len
         )
-        self.runner = ModelRunner(executor, config.block_size, self.block_manager.table_rows)
+        self.runner = ModelRunner(
+            executor, config.block_size, self.block_manager.table_rows, model_config.vocab_size
+        )
         self.requests: dict[str, Sequence] = {}
         self._ids = itertools.count()
         self._seed_rng = np.random.default_rng(config.seed)
@@ -94,7 +96,7 @@ class LLMEngine:
         self.last_step = StepStats()
         self.async_scheduling = config.async_scheduling
         self._in_flight: _LaunchedStep | None = None  # launched, its ids not processed yet
-        self.num_drains = 0  # async steps that waited first (penalties, a preemption)
+        self.num_drains = 0  # async steps that waited first (to preempt a token in flight)
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -190,9 +192,6 @@ class LLMEngine:
         still processed (a `while has_unfinished_requests(): step()` loop ends)."""
         outputs, self._pending = self._pending, []
         t0 = time.monotonic()
-        if self._in_flight is not None and self._in_flight.needs_history:
-            self.num_drains += 1
-            outputs += self._drain()
         try:
             sched = self.scheduler.schedule(protect_pending=self._in_flight is not None)
         except DrainNeeded:  # a sequence with a token in flight would be preempted
@@ -226,7 +225,7 @@ class LLMEngine:
     def _launch(self, sched: SchedulerOutput) -> _LaunchedStep:
         """Start the step; its tokens count as computed and its samples as placeholders from
         now on, so the next schedule sees every sequence one token further."""
-        sampled, handle, md = self.runner.launch(sched)
+        sampled, handle, _ = self.runner.launch(sched)
         block_size = self.block_size
         register_full_blocks = self.block_manager.register_full_blocks
         for seq, n in zip(sched.seqs, sched.num_new_tokens, strict=True):
@@ -235,7 +234,7 @@ class LLMEngine:
                 register_full_blocks(seq)  # (a block holding a placeholder waits: see _process)
         for row, seq in enumerate(sampled):
             seq.append_placeholder(row)
-        return _LaunchedStep(sched, sampled, handle, md.has_penalties)
+        return _LaunchedStep(sched, sampled, handle)
 
     def _drain(self) -> list[RequestOutput]:
         """Wait for the step in flight, if any, and process its outputs."""

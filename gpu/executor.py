@@ -1,7 +1,9 @@
 """Runs one prepared step on a backend: the forward, then the sampler.
 
 The eager executor calls the ops one by one. It is all the cpu backend needs; the cuda backend
-adds a graph executor that replays captured decode steps (gpu/backends/cuda/).
+adds a graph executor that replays captured decode steps (gpu/backends/cuda/). The backend's
+sampler keeps the token state of penalties and bans (gpu/sampling/token_state.py): the executor
+sizes it, a row per sequence that can run at once (max_num_seqs, the model's logits rows).
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ class EagerExecutor:
         self.model = model
         self.backend = backend
         self.sampled_prev = _NONE  # the last step's sampled ids
+        reserve = getattr(backend, "reserve_token_state", None)
+        if reserve is not None:  # a row per sequence that can run at once, the whole vocab
+            reserve(*model.logits.shape)
 
     def launch(self, batch: ForwardBatch, metadata: SamplingMetadata) -> ReadyResult:
         num_logits = metadata.num_rows

@@ -18,6 +18,7 @@ import numpy as np
 from gpu.block_manager import BlockTableRows
 from gpu.forward_batch import ForwardBatch
 from gpu.sampling import SamplingMetadata
+from gpu.sampling.token_state import row_state
 from gpu.scheduler import SchedulerOutput
 from gpu.sequence import Sequence
 
@@ -144,12 +145,52 @@ def _greedy_metadata(num_rows: int) -> SamplingMetadata:
     return SamplingMetadata(**_greedy_arrays(num_rows))
 
 
-def build_sampling_metadata(seqs: list[Sequence]) -> SamplingMetadata:
-    """Per-row sampling parameters; token history only when some row has a penalty.
+class StateOwners:
+    """The sequence whose token state each state row holds (gpu/sampling/token_state.py).
+
+    A row is written when a sequence is sampled in it for the first time, and from then on only
+    the sampler updates it. So the host must know, per row, whose history the device holds: a
+    sequence sampled in a row that is not its own (new, recomputed after a preemption, or in
+    the row another sequence left) gets a write. Sequences without penalties or bans never
+    touch the state and leave the row's owner as it was: a sequence preempted and readmitted
+    to the same row finds its history there, unless another sequence with state wrote it in
+    between. A write queued in step N+1 lands after every sampler of step N (stream order), so
+    the count the sampler added for a token that was then discarded (its sequence stopped or
+    was aborted first) never reaches the row's next owner.
+    """
+
+    __slots__ = ("owner", "row_of")
+
+    def __init__(self) -> None:
+        self.owner: dict[int, Sequence] = {}
+        self.row_of: dict[Sequence, int] = {}  # each owner's row (one row each)
+
+    def claim(self, seq: Sequence, row: int) -> bool:
+        """Make seq the owner of row; True if the row must be (re)written for it."""
+        if self.owner.get(row) is seq:
+            return False
+        old = self.row_of.pop(seq, None)
+        if old is not None and self.owner.get(old) is seq:
+            del self.owner[old]  # a row it left holds a history that stopped growing
+        previous = self.owner.get(row)
+        if previous is not None:
+            del self.row_of[previous]
+        self.owner[row] = seq
+        self.row_of[seq] = row
+        return True
+
+
+def build_sampling_metadata(
+    seqs: list[Sequence], owners: StateOwners, vocab_size: int
+) -> SamplingMetadata:
+    """Per-row sampling parameters, the token-state rows of those with penalties or a ban,
+    and the state writes of the sequences sampled for the first time in their row.
 
     Counts include a placeholder still in flight (len(output_token_ids)): the RNG's step and
-    min_tokens need only how many tokens came before, not what they are. Token histories
-    (penalties) do need the ids: the engine never runs such a step with a token in flight.
+    min_tokens need only how many tokens came before, not what they are. A state write does
+    need the ids: it happens only when a sequence is first sampled in a row, after its
+    admission or its recomputation, and the engine drains before it preempts a sequence with
+    a token in flight.
     """
     n = len(seqs)
     if all(len(s.output_token_ids) >= s.argmax_from for s in seqs):
@@ -166,30 +207,41 @@ def build_sampling_metadata(seqs: list[Sequence]) -> SamplingMetadata:
         seed=np.array([s.seed for s in seqs], np.uint64),
         step=np.array([len(s.output_token_ids) for s in seqs], np.uint64),
     )
-    if any(p.has_penalties for p in params):
-        md.prompt_token_ids = [np.asarray(s.prompt_token_ids, np.int32) for s in seqs]
-        md.output_token_ids = [np.asarray(s.output_token_ids, np.int32) for s in seqs]
-    banned = []
-    for s in seqs:
-        if len(s.output_token_ids) < s.params.min_tokens:
-            ids = set(s.params.all_stop_token_ids)
-            if not s.params.ignore_eos:
-                ids |= s.eos_token_ids
-            banned.append(tuple(sorted(ids)))
-        else:
-            banned.append(())
-    if any(banned):
-        md.banned_token_ids = banned
+    writes = []
+    for i, (s, p) in enumerate(zip(seqs, params, strict=True)):
+        num_output = len(s.output_token_ids)
+        banning = num_output < p.min_tokens and bool(s.finishing_token_ids)
+        penalties = p.has_penalties
+        if not (penalties or banning):
+            continue
+        row = s.table_row
+        assert row >= 0, f"{s!r} is sampled but holds no row"
+        md.state_rows[i] = row
+        md.ban_active[i] = banning
+        if owners.claim(s, row):
+            assert s.num_pending == 0, f"{s!r}: its state is written with a token in flight"
+            tokens, values = row_state(
+                s.prompt_token_ids if penalties else (),
+                s.output_token_ids if penalties else (),
+                s.finishing_token_ids if banning else (),
+                vocab_size,
+            )
+            writes.append((row, tokens, values))
+    md.state_writes = writes or None
     return md
 
 
 class ModelRunner:
     """Prepares each step's inputs and hands them to the backend's executor."""
 
-    def __init__(self, executor: Executor, block_size: int, table_rows: BlockTableRows) -> None:
+    def __init__(
+        self, executor: Executor, block_size: int, table_rows: BlockTableRows, vocab_size: int
+    ) -> None:
         self.executor = executor
         self.block_size = block_size
         self.table_rows = table_rows  # the block manager's: read, never written, here
+        self.vocab_size = vocab_size
+        self.state_owners = StateOwners()
 
     def launch(self, sched: SchedulerOutput) -> tuple[list[Sequence], StepResult, SamplingMetadata]:
         """Build and start the step; returns the sequences that sample (in row order), the
@@ -198,7 +250,7 @@ class ModelRunner:
         if not sampled:  # only prefill chunks that end mid-prompt: nothing to sample
             md = SamplingMetadata.greedy(0)
         else:
-            md = build_sampling_metadata(sampled)
+            md = build_sampling_metadata(sampled, self.state_owners, self.vocab_size)
         # An executor with only execute() (a test stub, a wrapper) computes at launch. Looked
         # up each step: a test may wrap the executor after the runner is built.
         launch = getattr(self.executor, "launch", None)

@@ -176,7 +176,10 @@ def test_eos_finishes_like_the_serial_engine():
     assert any(r[2] == "stop" for r in results[0].values())  # some really ended on EOS
 
 
-def test_penalties_and_min_tokens_fall_back_and_match():
+def test_penalties_and_min_tokens_match_without_draining():
+    """Penalties and bans read the sampler's token state, kept on the backend and counted on by
+    the sampler itself: no step waits for the one in flight, and the tokens are the serial
+    engine's."""
     params = [
         seeded(1, 14, repetition_penalty=1.5, presence_penalty=0.5),
         greedy(12, frequency_penalty=0.8),
@@ -186,16 +189,20 @@ def test_penalties_and_min_tokens_fall_back_and_match():
     serial, async_, spy = both(PROMPTS[:4], params)
     assert async_ == serial
     assert all(len(r[0]) >= 10 for r in serial.values())
+    assert spy.in_flight_rows > 20
 
 
-def test_penalty_requests_alone_never_read_tokens_in_flight():
+def test_penalty_requests_alone_read_tokens_in_flight():
     params = [greedy(10, repetition_penalty=1.3), seeded(5, 10, presence_penalty=1.0)]
     engine = tiny_engine()
     spy = LaunchSpy(engine)
     async_ = run(engine, PROMPTS[:2], params)
     assert async_ == run(tiny_engine(async_scheduling=False), PROMPTS[:2], params)
-    assert engine.num_drains >= 8
-    assert spy.in_flight_rows == 0  # every step drained: penalties need the real history
+    assert engine.num_drains == 0
+    assert spy.in_flight_rows >= 2 * 8  # every decode step ran on the step in flight
+    # ... and the penalties really changed the tokens (the state is read, not ignored)
+    plain = [greedy(10), seeded(5, 10)]
+    assert run(tiny_engine(), PROMPTS[:2], plain) != async_
 
 
 def test_abort_while_a_step_is_in_flight():

@@ -14,6 +14,7 @@ from gpu.backends.base import Array, ComposedOps
 from gpu.forward_batch import ForwardBatch
 from gpu.sampling import SamplingMetadata
 from gpu.sampling.numpy_sampler import sample as numpy_sample
+from gpu.sampling.token_state import new_state, write_states
 
 _DTYPES = {"f32": np.float32, "act": np.float32, "int32": np.int32}
 
@@ -36,6 +37,7 @@ class CpuBackend(ComposedOps):
     name = "cpu"
     weight_format = "f32"  # weights are upcast to float32 once, at load
     kv_element_bytes = 4
+    token_state: np.ndarray | None = None  # the sampler's (reserve_token_state)
 
     def num_kv_blocks(self, bytes_per_block: int, config) -> int:
         """As many blocks as the configured CPU KV space holds (numpy zeros are lazily
@@ -171,5 +173,15 @@ class CpuBackend(ComposedOps):
     def gather_rows(self, x: np.ndarray, indices: np.ndarray, out: np.ndarray) -> None:
         np.take(x, indices, axis=0, out=out)
 
+    def reserve_token_state(self, num_rows: int, vocab: int) -> None:
+        """The sampler's token-state table (gpu/sampling/token_state.py): one uint16 row per
+        sequence that can run at once."""
+        self.token_state = new_state(num_rows, vocab)
+
     def sample(self, logits: np.ndarray, metadata: SamplingMetadata) -> np.ndarray:
-        return numpy_sample(np.asarray(logits), metadata)
+        """The step's state writes, then the numpy sampler, which counts the sampled tokens in
+        the rows with state."""
+        if self.token_state is None and (metadata.state_writes or metadata.has_state):
+            raise RuntimeError("token state used before reserve_token_state")
+        write_states(self.token_state, metadata.state_writes)
+        return numpy_sample(np.asarray(logits), metadata, self.token_state)

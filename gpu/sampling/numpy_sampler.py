@@ -1,9 +1,11 @@
 """The sampler in numpy: the cpu backend's, and the oracle of the CUDA sampling kernels.
 
-One row at a time, in vLLM's order: penalties on the raw logits, banned tokens (min_tokens),
-greedy rows take the argmax; the rest divide by the temperature, drop tokens under min_p times
-the top probability, keep the top_k largest, keep the smallest top_p nucleus, and draw with
-Gumbel-max from what is left.
+One row at a time, in vLLM's order: bans and penalties on the raw logits from the row's token
+state (gpu/sampling/token_state.py), greedy rows take the argmax; the rest divide by the
+temperature, drop tokens under min_p times the top probability, keep the top_k largest, keep
+the smallest top_p nucleus, and draw with Gumbel-max from what is left. Then each row with a
+token state counts the token it sampled there (the state is the sequence's history: no step
+uploads one).
 
 Truncation is defined by thresholds so that a kernel can reproduce it without sorting: top-k
 keeps every token whose logit is at least the k-th largest (ties at the edge all stay); top-p
@@ -17,32 +19,7 @@ import numpy as np
 
 from gpu.sampling.metadata import SamplingMetadata
 from gpu.sampling.rng import gumbel_noise
-
-
-def apply_penalties(
-    logits: np.ndarray,
-    prompt_ids: np.ndarray,
-    output_ids: np.ndarray,
-    repetition: float,
-    presence: float,
-    frequency: float,
-) -> None:
-    """In place on one row, with vLLM's semantics.
-
-    repetition: tokens seen in the prompt or the output have positive logits divided and
-    negative ones multiplied by it. frequency / presence: subtract penalty * count and
-    penalty * (count > 0) for tokens of the output.
-    """
-    vocab = logits.shape[0]
-    if repetition != 1.0:
-        seen = np.zeros(vocab, dtype=bool)
-        seen[prompt_ids[prompt_ids < vocab]] = True
-        seen[output_ids[output_ids < vocab]] = True
-        row = logits[seen]
-        logits[seen] = np.where(row > 0, row / repetition, row * repetition)
-    if presence != 0.0 or frequency != 0.0:
-        counts = np.bincount(output_ids[output_ids < vocab], minlength=vocab).astype(np.float32)
-        logits -= np.float32(frequency) * counts + np.float32(presence) * (counts > 0)
+from gpu.sampling.token_state import add_tokens, apply_state
 
 
 def top_p_threshold(probs: np.ndarray, top_p: float) -> float:
@@ -54,20 +31,19 @@ def top_p_threshold(probs: np.ndarray, top_p: float) -> float:
     return float(order[min(cut, len(order) - 1)])
 
 
-def sample_row(logits: np.ndarray, md: SamplingMetadata, i: int) -> int:
-    """Sample one token from one row of float32 logits (modified in place)."""
-    if md.has_penalties:
-        apply_penalties(
+def sample_row(logits: np.ndarray, md: SamplingMetadata, i: int, state: np.ndarray | None) -> int:
+    """Sample one token from one row of float32 logits (modified in place); the state is read,
+    not updated (sample() counts the tokens)."""
+    r = int(md.state_rows[i])
+    if r >= 0:
+        apply_state(
             logits,
-            md.prompt_token_ids[i],
-            md.output_token_ids[i],
+            state[r],
+            bool(md.ban_active[i]),
             float(md.repetition_penalty[i]),
             float(md.presence_penalty[i]),
             float(md.frequency_penalty[i]),
         )
-    if md.banned_token_ids is not None and md.banned_token_ids[i]:
-        banned = [t for t in md.banned_token_ids[i] if t < logits.shape[0]]
-        logits[banned] = -np.inf
     temperature = float(md.temperature[i])
     if temperature == 0.0:
         return int(np.argmax(logits))
@@ -91,9 +67,21 @@ def sample_row(logits: np.ndarray, md: SamplingMetadata, i: int) -> int:
     return int(np.argmax(noisy))
 
 
-def sample(logits: np.ndarray, md: SamplingMetadata) -> np.ndarray:
-    """Sample one token per row of `logits` [S, V] (float32). Returns int32 [S]."""
-    if md.all_greedy and not md.has_penalties and md.banned_token_ids is None:
+def sample(logits: np.ndarray, md: SamplingMetadata, state: np.ndarray | None = None) -> np.ndarray:
+    """Sample one token per row of `logits` [S, V] (float32, left unchanged). Returns int32 [S].
+
+    state: the token-state table (uint16 [rows, V]) with md.state_writes already applied (the
+    backend applies them: token_state.write_states); needed when some md.state_rows >= 0, and
+    updated in place: each such row counts the token sampled for it, as the kernel does.
+    """
+    if md.all_greedy:
         return np.argmax(logits, axis=-1).astype(np.int32)
+    if state is None and md.has_state:
+        raise ValueError("rows with token state need the state table")
     rows = np.array(logits, dtype=np.float32, copy=True)
-    return np.array([sample_row(rows[i], md, i) for i in range(rows.shape[0])], dtype=np.int32)
+    tokens = np.array(
+        [sample_row(rows[i], md, i, state) for i in range(rows.shape[0])], dtype=np.int32
+    )
+    if md.has_state:
+        add_tokens(state, md.state_rows, tokens)
+    return tokens

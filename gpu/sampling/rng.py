@@ -24,7 +24,10 @@ MIX2 = np.uint64(0x94D049BB133111EB)
 def uniform_from_counter(seed: np.ndarray, step: np.ndarray, token: np.ndarray) -> np.ndarray:
     """Uniform float32 in (0, 1), broadcasting seed/step/token (uint64 arrays).
 
-    The top 24 bits of the hash plus one half, over 2**24: exact in float32, never 0 or 1.
+    The top 23 bits of the hash plus one half, over 2**23: every value, 2**-24 up to
+    1 - 2**-24, is exact in float32, so u is never 0 or 1 and the Gumbel noise is always
+    finite. (With 24 bits the top value (2**24 - 0.5) / 2**24 needs 25 bits and rounds to 1.0:
+    infinite noise that forces its token whatever the logits.)
     """
     with np.errstate(over="ignore"):
         x = (
@@ -37,9 +40,8 @@ def uniform_from_counter(seed: np.ndarray, step: np.ndarray, token: np.ndarray) 
         x ^= x >> np.uint64(27)
         x *= MIX2
         x ^= x >> np.uint64(31)
-    return (((x >> np.uint64(40)).astype(np.float32) + np.float32(0.5)) / np.float32(2**24)).astype(
-        np.float32
-    )
+    u = ((x >> np.uint64(41)).astype(np.float32) + np.float32(0.5)) / np.float32(2**23)
+    return u.astype(np.float32)
 
 
 def gumbel_noise(seed: int, step: int, vocab_size: int) -> np.ndarray:
