@@ -5,11 +5,20 @@ Speed is never asserted here: the figures come from the device (BENCHMARKS.md)."
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, fields
+
+import pytest
 
 from chat_app.cli import main
-from gpu.bench import workloads
+from chat_app.launch import add_app_arguments
+from chat_app.session import ChatSettings
+from gpu.bench import warm_up_plan, workloads
+from gpu.bench.sampling import SETTINGS, parse_sampling
 from gpu.bench.standin import standin_engine
 from gpu.sampling_params import SamplingParams
+from gpu.sampling_presets import CHAT_DEFAULTS, CHAT_MAX_TOKENS, chat_sampling_params
+
+TINY = ["--config", "smollm2-135m", "--layers", "1", "--device", "cpu", "--max-num-seqs", "8"]
 
 
 def test_bench_writes_every_workload(tmp_path, capsys):
@@ -25,8 +34,18 @@ def test_bench_writes_every_workload(tmp_path, capsys):
     assert code == 0
     r = json.loads(out.read_text())
     assert r["device"] == "cpu" and r["params"] > 0
-    assert r["latency"]["decode_tok_s"] > 0 and r["latency"]["floor_ms"] > 0
-    assert [row["batch_size"] for row in r["decode"]] == [1, 2]
+    # The default sampling: greedy and the app's defaults, side by side.
+    assert [(x["batch_size"], x["sampling"]) for x in r["latency"]] == [
+        (1, "greedy"),
+        (1, "chat"),
+    ]
+    assert all(x["decode_tok_s"] > 0 and x["floor_ms"] > 0 for x in r["latency"])
+    assert [(x["batch_size"], x["sampling"]) for x in r["decode"]] == [
+        (1, "greedy"),
+        (1, "chat"),
+        (2, "greedy"),
+        (2, "chat"),
+    ]
     t = r["throughput"]
     assert t["output_tokens"] > 0
     # Every step filed once, by the step it waited for: 4 prompts (each chunked at most twice),
@@ -36,8 +55,102 @@ def test_bench_writes_every_workload(tmp_path, capsys):
     assert 0 < t["decode_s"] + t["mixed_s"] <= t["total_time_s"]
     assert r["chat"]["sessions"] == 2 and r["chat"]["ttft_p50_ms"] > 0
     table = capsys.readouterr().out
-    assert "latency (batch 1)" in table and "decode batch 2" in table
+    assert "latency b1 greedy" in table and "decode b2 chat" in table
     assert f"{t['decode_steps']} decode" in table
+
+
+def test_bench_sampling_all_reports_every_row_beside_greedy(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    code = main(
+        ["bench", "latency", "decode", *TINY, "--batches", "1,2", "--new-tokens", "4",
+         "--sampling", "all", "--json", str(out)]
+    )  # fmt: skip
+    assert code == 0
+    r = json.loads(out.read_text())
+    assert list(r["sampling"]) == list(SETTINGS)
+    assert r["sampling"]["chat"] == "temperature 0.7, top-p 0.9, repetition penalty 1.1"
+    expected = [(b, name) for b in (1, 2) for name in SETTINGS]
+    assert [(x["batch_size"], x["sampling"]) for x in r["decode"]] == expected
+    assert [x["sampling"] for x in r["latency"]] == list(SETTINGS)
+    table = capsys.readouterr().out
+    for rows in (r["latency"], r["decode"]):
+        greedy = {x["batch_size"]: x["decode_tok_s"] for x in rows if x["sampling"] == "greedy"}
+        for x in rows:
+            assert x["decode_tok_s"] > 0
+            assert x["vs_greedy"] == pytest.approx(x["decode_tok_s"] / greedy[x["batch_size"]])
+    for x in r["decode"]:  # each row named, with its ratio, in the table
+        name = f"decode b{x['batch_size']} {x['sampling']}"
+        line = next(line for line in table.splitlines() if line.startswith(name + " "))
+        assert f"{x['vs_greedy']:.2f}x" in line
+    # Warm-up on the cpu backend: batch 1 of each setting, never the larger batches.
+    assert r["warmup_s"] >= 0
+
+
+def test_bench_sampling_names_are_checked():
+    assert parse_sampling("chat,greedy") == ["greedy", "chat"]
+    assert parse_sampling("all") == list(SETTINGS)
+    with pytest.raises(ValueError, match="top-q"):
+        parse_sampling("greedy,top-q")
+
+
+def test_a_non_greedy_row_without_greedy_has_no_ratio(tmp_path):
+    out = tmp_path / "bench.json"
+    args = ["bench", "latency", *TINY, "--new-tokens", "3", "--sampling", "min-p"]
+    assert main([*args, "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["latency"]
+    assert row["sampling"] == "min-p" and row["vs_greedy"] is None
+
+
+def test_the_chat_setting_is_the_apps_defaults():
+    """One definition: the app's new chats, its command-line defaults, the bench's "chat"
+    rows and the chat workload's requests all sample with CHAT_DEFAULTS."""
+    import argparse
+
+    assert SETTINGS["chat"] == CHAT_DEFAULTS
+    app = ChatSettings().sampling_params()
+    preset = chat_sampling_params()
+    for f in fields(SamplingParams):
+        if f.init and f.name != "output_kind":
+            assert getattr(app, f.name) == getattr(preset, f.name), f.name
+    assert app.max_tokens == CHAT_MAX_TOKENS
+    assert (app.temperature, app.top_p, app.repetition_penalty) == (0.7, 0.9, 1.1)
+    parser = argparse.ArgumentParser()
+    add_app_arguments(parser)
+    args = parser.parse_args([])
+    for name, value in asdict(CHAT_DEFAULTS).items():
+        if hasattr(args, name):
+            assert getattr(args, name) == value, name
+    session = workloads._Session(None, 0.0, 1, seed=3, reply_len=9)
+    params = session.params(turn=2)
+    assert all(getattr(params, k) == v for k, v in asdict(CHAT_DEFAULTS).items())
+    assert params.max_tokens == 9 and params.seed == 3002
+
+
+def test_warm_up_runs_only_what_the_workloads_run():
+    settings = ["greedy", "chat"]
+    # The latency workload warms batch 1 alone, whatever --batches says.
+    assert warm_up_plan(["latency"], [1, 8, 64, 256], settings, "cuda") == [
+        (1, "greedy"),
+        (1, "chat"),
+    ]
+    decode = warm_up_plan(["decode"], [8, 64], ["chat"], "cuda")
+    assert decode == [(8, "chat"), (64, "chat")]
+    chat = warm_up_plan(["chat"], [1, 8, 64, 256], settings, "cuda", sessions=8)
+    assert chat == [(1, "chat"), (8, "chat")]
+    # On the cpu backend nothing compiles: batch 1 of each setting.
+    assert warm_up_plan(["latency", "decode"], [1, 8, 64, 256], settings, "cpu") == [
+        (1, "greedy"),
+        (1, "chat"),
+    ]
+
+
+def test_bench_startup_reports_cold_and_warm(tmp_path):
+    out = tmp_path / "bench.json"
+    assert main(["bench", "startup", *TINY, "--json", str(out)]) == 0
+    r = json.loads(out.read_text())["startup"]
+    for run in ("cold", "warm"):
+        assert 0 <= r[run]["ready_s"] <= r[run]["first_token_s"]
+        assert r[run]["device"] == "cpu"
 
 
 def test_bench_scheduler_overhead(capsys):

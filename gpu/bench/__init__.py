@@ -1,11 +1,15 @@
 """`tinychat bench`: how fast the engine is, with the roofline floor beside every figure.
 
     tinychat bench --config llama-3.2-1b --device cuda --compare hf --json results.json
-    tinychat bench --model path/to/folder latency decode
+    tinychat bench --model path/to/folder latency decode --sampling all
+    tinychat bench startup --config llama-3.2-1b --device cuda
 
 Workloads: latency (batch-1 decode), decode (fixed batches), throughput (256 requests of
-random lengths, nano-vllm's workload), chat (sessions streaming through the engine thread),
-scheduler (the Python cost of a step with the model taken out). See BENCHMARKS.md.
+random lengths, nano-vllm's workload), chat (sessions streaming through the engine thread,
+with the app's default sampling), startup (process start to a ready engine, cold and warm, in
+processes of their own), scheduler (the Python cost of a step with the model taken out).
+Latency and decode run one row per --sampling setting (gpu/bench/sampling.py), each beside
+greedy. See BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -18,7 +22,11 @@ import sys
 import time
 from typing import Any
 
-WORKLOADS = ("latency", "decode", "throughput", "chat", "scheduler")
+from gpu.bench.sampling import DEFAULT as DEFAULT_SAMPLING
+from gpu.bench.sampling import SETTINGS, add_ratios, parse_sampling
+
+WORKLOADS = ("latency", "decode", "throughput", "chat", "startup", "scheduler")
+DEFAULT_WORKLOADS = ["latency", "decode", "throughput", "chat"]
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
@@ -26,7 +34,14 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
         "workloads",
         nargs="*",
         default=[],
-        help=f"any of {', '.join(WORKLOADS)} (default: latency decode throughput chat)",
+        help=f"any of {', '.join(WORKLOADS)} (default: {' '.join(DEFAULT_WORKLOADS)})",
+    )
+    p.add_argument(
+        "--sampling",
+        default=DEFAULT_SAMPLING,
+        help="sampling settings of the latency and decode rows, comma-separated: "
+        f"{', '.join(SETTINGS)}, or all (default: {DEFAULT_SAMPLING}; chat is the app's "
+        "defaults; each row's ratio is to greedy's)",
     )
     src = p.add_mutually_exclusive_group()
     src.add_argument("--model", default=None, help="a model folder (or repo id, or .gguf)")
@@ -120,15 +135,27 @@ def _ceilings(engine):
 def run_bench(args: argparse.Namespace) -> int:
     from gpu.bench import roofline, workloads
 
-    chosen = args.workloads or ["latency", "decode", "throughput", "chat"]
+    chosen = args.workloads or DEFAULT_WORKLOADS
     unknown = set(chosen) - set(WORKLOADS)
     if unknown:
         raise ValueError(f"unknown workload(s) {', '.join(sorted(unknown))}: use {WORKLOADS}")
+    settings = parse_sampling(args.sampling)
     if chosen == ["scheduler"]:
         from gpu.bench.scheduler_overhead import main as scheduler_main
 
         scheduler_main()
         return 0
+
+    results: dict[str, Any] = {"model": args.config or args.model or "default"}
+    if "startup" in chosen:  # before this process takes the device's memory
+        from gpu.bench.startup import measure_startup
+
+        results["device"] = args.device
+        results["startup"] = measure_startup(args)
+        if set(chosen) <= {"startup", "scheduler"}:
+            _save(results, args.json_path)
+            print_table(results)
+            return 0
 
     engine, tensors, label, startup_s = _build(args)
     executor = engine.runner.executor
@@ -140,18 +167,21 @@ def run_bench(args: argparse.Namespace) -> int:
     weight_bytes = 2 if engine.device == "cuda" else 4
     batches = [int(b) for b in args.batches.split(",") if b]
     batches = [b for b in batches if b <= engine.config.max_num_seqs]
-    results: dict[str, Any] = {
-        "model": label,
-        "device": engine.device,
-        "device_name": _device_name(engine),
-        "host": platform.node(),
-        "params": roofline.count_params(config),
-        "kv_capacity_tokens": engine.kv_capacity_tokens,
-        "startup_s": startup_s,
-        "async_scheduling": engine.config.async_scheduling,
-        "capture_at_start_s": capture_at_start_s,
-        "ceilings": dataclasses.asdict(ceilings),
-    }
+    results.update(
+        {
+            "model": label,
+            "device": engine.device,
+            "device_name": _device_name(engine),
+            "host": platform.node(),
+            "params": roofline.count_params(config),
+            "kv_capacity_tokens": engine.kv_capacity_tokens,
+            "startup_s": startup_s,
+            "async_scheduling": engine.config.async_scheduling,
+            "capture_at_start_s": capture_at_start_s,
+            "ceilings": dataclasses.asdict(ceilings),
+            "sampling": {name: SETTINGS[name].describe() for name in settings},
+        }
+    )
 
     def floor(batch: int, context: int) -> dict:
         return roofline.decode_step_floor(
@@ -159,34 +189,36 @@ def run_bench(args: argparse.Namespace) -> int:
         )
 
     t0 = time.perf_counter()
-    workloads.warm_up(engine, sorted({1, *batches}))
+    plan = warm_up_plan(chosen, batches, settings, engine.device, args.sessions)
+    workloads.warm_up(
+        engine, plan, args.prompt_len, seconds=2.0 if engine.device == "cuda" else 0.0
+    )
     results["warmup_s"] = time.perf_counter() - t0
     ctx = args.prompt_len + args.new_tokens // 2  # mean context over the decode
     replay = getattr(executor, "replay_ms", None)  # GPU time of a step, from its graph
-    if "latency" in chosen:
-        r = workloads.decode_run(engine, 1, args.prompt_len, args.new_tokens)
-        f = floor(1, ctx)
-        results["latency"] = {
-            **dataclasses.asdict(r),
-            "graph_replay_ms": replay(1) if replay else None,
-            "floor_ms": 1e3 * f["floor_s"],
-            "fraction_of_floor": f["floor_s"] / (r.ms_per_step / 1e3),
-        }
-    if "decode" in chosen:
+
+    def decode_rows(batch_sizes: list[int]) -> list[dict]:
         rows = []
-        for b in batches:
-            r = workloads.decode_run(engine, b, args.prompt_len, args.new_tokens)
+        for b in batch_sizes:
             f = floor(b, ctx)
-            rows.append(
-                {
-                    **dataclasses.asdict(r),
-                    "graph_replay_ms": replay(b) if replay else None,
-                    "floor_ms": 1e3 * f["floor_s"],
-                    "bound": f["bound"],
-                    "fraction_of_floor": f["floor_s"] / (r.ms_per_step / 1e3),
-                }
-            )
-        results["decode"] = rows
+            for name in settings:
+                r = workloads.decode_run(engine, b, args.prompt_len, args.new_tokens, name)
+                rows.append(
+                    {
+                        **dataclasses.asdict(r),
+                        "graph_replay_ms": replay(b) if replay else None,
+                        "floor_ms": 1e3 * f["floor_s"],
+                        "bound": f["bound"],
+                        "fraction_of_floor": f["floor_s"] / (r.ms_per_step / 1e3),
+                    }
+                )
+        add_ratios(rows)
+        return rows
+
+    if "latency" in chosen:
+        results["latency"] = decode_rows([1])
+    if "decode" in chosen:
+        results["decode"] = decode_rows(batches)
     if "throughput" in chosen:
         r = workloads.throughput_run(engine, args.num_requests, args.min_len, args.max_len)
         results["throughput"] = dataclasses.asdict(r)
@@ -215,6 +247,28 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def warm_up_plan(
+    chosen: list[str], batches: list[int], settings: list[str], device: str, sessions: int = 8
+) -> list[tuple[int, str]]:
+    """The (batch, sampling) pairs to warm up: those the chosen workloads run, no more
+    (throughput: greedy at every batch; chat: the app's defaults up to one batch of
+    sessions). On the cpu backend batch 1 of each setting is enough: numpy compiles nothing
+    and captures no graph, and a warm-up at batch 256 there costs a minute."""
+    pairs: set[tuple[int, str]] = set()
+    if "latency" in chosen:
+        pairs |= {(1, name) for name in settings}
+    if "decode" in chosen:
+        pairs |= {(b, name) for b in batches for name in settings}
+    if "throughput" in chosen:
+        pairs |= {(b, "greedy") for b in [1, *batches]}
+    if "chat" in chosen:
+        pairs |= {(b, "chat") for b in [1, *batches] if b <= sessions}
+    if device != "cuda":
+        pairs = {(1, name) for _, name in pairs}
+    order = list(SETTINGS)
+    return sorted(pairs, key=lambda p: (p[0], order.index(p[1])))
+
+
 def _ms(value: float | None) -> str:
     """The GPU-time column: one graph replay of the step's bucket (blank without graphs)."""
     return f"{value:>8.3f}" if value else f"{'':>8}"
@@ -235,7 +289,7 @@ def _device_name(engine) -> str:
 def chat_summary(x: dict) -> str:
     """The chat workload's figures (a ChatResult as a dict), two lines."""
     return (
-        f"chat ({x['sessions']} sessions x {x['turns']} turns): TTFT p50 "
+        f"chat ({x['sessions']} sessions x {x['turns']} turns, the app's sampling): TTFT p50 "
         f"{x['ttft_p50_ms']:.1f} ms p99 {x['ttft_p99_ms']:.1f} ms; ITL p50 "
         f"{x['itl_p50_ms']:.2f} ms p99 {x['itl_p99_ms']:.2f} ms (alone: p50 "
         f"{x['single_itl_p50_ms']:.2f} p99 {x['single_itl_p99_ms']:.2f}); a "
@@ -248,8 +302,26 @@ def chat_summary(x: dict) -> str:
     )
 
 
+def startup_summary(x: dict) -> str:
+    """The startup workload's figures, one line."""
+    cold, warm = x["cold"], x["warm"]
+    return (
+        f"start-up (process start to engine ready / to the first token): cold "
+        f"{cold['ready_s']:.1f} / {cold['first_token_s']:.1f} s, warm {warm['ready_s']:.1f} / "
+        f"{warm['first_token_s']:.1f} s"
+    )
+
+
+def _ratio(value: float | None) -> str:
+    return f"{value:>8.2f}x" if value is not None else f"{'':>9}"
+
+
 def print_table(r: dict) -> None:
     out = sys.stdout
+    if "params" not in r:  # the startup workload alone: no engine in this process
+        out.write(f"\n{r['model']} ({r['device']})\n{startup_summary(r['startup'])}\n")
+        out.flush()
+        return
     out.write(
         f"\n{r['model']} on {r['device_name']} ({r['device']}), {r['params'] / 1e6:.0f}M "
         f"params, KV {r['kv_capacity_tokens']} tokens, start-up {r['startup_s']:.1f} s, "
@@ -260,41 +332,43 @@ def print_table(r: dict) -> None:
         f"ceilings: copy {c['bandwidth_Bps'] / 1e9:.0f} GB/s, matmul "
         f"{c['matmul_flops'] / 1e12:.1f} TFLOP/s ({c['source']})\n"
     )
+    for name, words in r.get("sampling", {}).items():
+        if name != "greedy" and ("latency" in r or "decode" in r):
+            out.write(f"  {name}: {words}\n")
     hf = r.get("hf", {})
     out.write(
-        f"{'workload':<22}{'tok/s':>11}{'ms/step':>10}{'GPU ms':>8}{'floor ms':>10}{'of floor':>10}"
-        f"{'hf eager':>11}{'hf static':>11}{'x eager':>9}{'x static':>9}\n"
+        f"{'workload':<26}{'tok/s':>9}{'x greedy':>9}{'ms/step':>9}{'GPU ms':>8}{'floor ms':>9}"
+        f"{'of floor':>9}{'hf eager':>10}{'hf static':>10}{'x eager':>8}{'x static':>9}\n"
     )
 
     def hf_cols(key: str, ours: float) -> str:
         e, s = hf.get("eager", {}).get(key), hf.get("static", {}).get(key)
-        cols = f"{e:>11.0f}" if e else f"{'':>11}"
-        cols += f"{s:>11.0f}" if s else f"{'':>11}"
-        cols += f"{ours / e:>9.1f}" if e else f"{'':>9}"
+        cols = f"{e:>10.0f}" if e else f"{'':>10}"
+        cols += f"{s:>10.0f}" if s else f"{'':>10}"
+        cols += f"{ours / e:>8.1f}" if e else f"{'':>8}"
         cols += f"{ours / s:>9.1f}" if s else f"{'':>9}"
         return cols
 
-    if "latency" in r:
-        x = r["latency"]
-        out.write(
-            f"{'latency (batch 1)':<22}{x['decode_tok_s']:>11.0f}{x['ms_per_step']:>10.3f}"
-            f"{_ms(x.get('graph_replay_ms'))}"
-            f"{x['floor_ms']:>10.3f}{x['fraction_of_floor']:>9.0%} "
-            f"{hf_cols('batch_1', x['decode_tok_s'])}\n"
+    rows = [("latency", x) for x in r.get("latency", [])]
+    rows += [("decode", x) for x in r.get("decode", [])]
+    for workload, x in rows:
+        name = f"{workload} b{x['batch_size']} {x['sampling']}"
+        hf_part = (  # transformers runs greedy only
+            hf_cols(f"batch_{x['batch_size']}", x["decode_tok_s"])
+            if x["sampling"] == "greedy"
+            else ""
         )
-    for x in r.get("decode", []):
-        name = f"decode batch {x['batch_size']}"
         out.write(
-            f"{name:<22}{x['decode_tok_s']:>11.0f}{x['ms_per_step']:>10.3f}"
-            f"{_ms(x.get('graph_replay_ms'))}"
-            f"{x['floor_ms']:>10.3f}{x['fraction_of_floor']:>9.0%} "
-            f"{hf_cols('batch_' + str(x['batch_size']), x['decode_tok_s'])}\n"
+            f"{name:<26}{x['decode_tok_s']:>9.0f}{_ratio(x.get('vs_greedy'))}"
+            f"{x['ms_per_step']:>9.3f}{_ms(x.get('graph_replay_ms'))}"
+            f"{x['floor_ms']:>9.3f}{x['fraction_of_floor']:>8.0%} {hf_part}".rstrip()
+            + "\n"
         )
     if "throughput" in r:
         x = r["throughput"]
         out.write(
-            f"{'throughput':<22}{x['output_tok_s']:>11.0f}   ({x['num_requests']} requests, "
-            f"{x['output_tokens']} output tokens in {x['total_time_s']:.1f} s)\n"
+            f"{'throughput (greedy)':<26}{x['output_tok_s']:>9.0f}   ({x['num_requests']} "
+            f"requests, {x['output_tokens']} output tokens in {x['total_time_s']:.1f} s)\n"
         )
         if x.get("decode_steps"):
             out.write(
@@ -304,4 +378,6 @@ def print_table(r: dict) -> None:
             )
     if "chat" in r:
         out.write(chat_summary(r["chat"]) + "\n")
+    if "startup" in r:
+        out.write(startup_summary(r["startup"]) + "\n")
     out.flush()

@@ -1,4 +1,5 @@
-"""`--plot FILE.png`: decode tok/s against batch size, ours beside transformers'.
+"""`--plot FILE.png`: decode tok/s against batch size, ours (a line per sampling setting)
+beside transformers' (greedy).
 
 matplotlib is an optional extra (`pip install tinychat[plot]`), never a dependency.
 """
@@ -19,9 +20,16 @@ def plot_decode(results: dict, path: str) -> None:
     if not rows:
         print("--plot needs the decode workload; no plot written")
         return
-    batches = [r["batch_size"] for r in rows]
+    batches = sorted({r["batch_size"] for r in rows})
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.plot(batches, [r["decode_tok_s"] for r in rows], "o-", label="tinychat")
+    for sampling in dict.fromkeys(r.get("sampling", "greedy") for r in rows):
+        mine = [r for r in rows if r.get("sampling", "greedy") == sampling]
+        ax.plot(
+            [r["batch_size"] for r in mine],
+            [r["decode_tok_s"] for r in mine],
+            "o-",
+            label=f"tinychat ({sampling})",
+        )
     for mode in ("eager", "static"):
         points = [(b, results.get("hf", {}).get(mode, {}).get(f"batch_{b}")) for b in batches]
         points = [(b, v) for b, v in points if v]

@@ -2,7 +2,8 @@
 
 Every step of the engine ends with the sampled ids on the host, so a host clock read after
 `step()` is already synchronised with the device: no extra sync is needed to time a step.
-Warm-up runs before every timed region (kernel compilation, graph capture, caches).
+Warm-up runs before every timed region (kernel compilation, graph capture, caches), and only
+for what the run will time. Sampled requests are seeded, so a run's tokens repeat.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gpu.bench.sampling import bench_params
 from gpu.engine import LLMEngine
 from gpu.engine_thread import EngineThread
 from gpu.sampling_params import RequestOutputKind, SamplingParams
+from gpu.sampling_presets import chat_sampling_params
 
 
 def _prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -38,6 +41,7 @@ def _greedy(max_tokens: int) -> SamplingParams:
 
 @dataclass
 class DecodeResult:
+    sampling: str  # a name of gpu.bench.sampling.SETTINGS
     batch_size: int
     prompt_len: int
     new_tokens: int
@@ -47,11 +51,14 @@ class DecodeResult:
     prefill_time_s: float
 
 
-def decode_run(engine: LLMEngine, batch: int, prompt_len: int, new_tokens: int) -> DecodeResult:
-    """`batch` requests prefilled together, then decoded in lockstep: decode tokens/s."""
+def decode_run(
+    engine: LLMEngine, batch: int, prompt_len: int, new_tokens: int, sampling: str = "greedy"
+) -> DecodeResult:
+    """`batch` requests prefilled together, then decoded in lockstep: decode tokens/s.
+    `sampling` names the setting (gpu.bench.sampling); request i is seeded with i."""
     vocab = engine.vocab_size
-    for prompt in _prompts(batch, prompt_len, vocab, seed=batch):
-        engine.add_request(prompt, _greedy(new_tokens))
+    for i, prompt in enumerate(_prompts(batch, prompt_len, vocab, seed=batch)):
+        engine.add_request(prompt, bench_params(sampling, new_tokens, seed=i))
     t0 = time.perf_counter()
     seqs = list(engine.requests.values())
     while any(s.num_output_tokens == 0 for s in seqs):
@@ -65,6 +72,7 @@ def decode_run(engine: LLMEngine, batch: int, prompt_len: int, new_tokens: int) 
     decode_time = t_end - t_first
     tokens = batch * (new_tokens - 1)
     return DecodeResult(
+        sampling=sampling,
         batch_size=batch,
         prompt_len=prompt_len,
         new_tokens=new_tokens,
@@ -75,15 +83,19 @@ def decode_run(engine: LLMEngine, batch: int, prompt_len: int, new_tokens: int) 
     )
 
 
-def warm_up(engine: LLMEngine, batches: list[int], seconds: float = 2.0) -> None:
-    """Run each batch size briefly (compiles kernels, captures graphs, touches memory), then
-    keep decoding for a couple of seconds: an idle GPU clocks down (345 MHz seen on the H200)
-    and the first timed workload would pay for the ramp."""
-    for b in batches:
-        decode_run(engine, b, 32, 4)
+def warm_up(
+    engine: LLMEngine, plan: list[tuple[int, str]], prompt_len: int = 32, seconds: float = 2.0
+) -> None:
+    """Run each (batch size, sampling setting) of `plan` briefly: it compiles the kernels,
+    captures the graphs and touches the memory that the timed runs will use, and nothing
+    else. Then keep decoding for `seconds`: an idle GPU clocks down (345 MHz seen on the H200)
+    and the first timed workload would pay for the ramp. The caller passes only batch 1 and
+    no seconds on the cpu backend, where nothing compiles and no clock ramps."""
+    for b, sampling in plan:
+        decode_run(engine, b, prompt_len, 4, sampling)
     end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        decode_run(engine, max(batches), 32, 32)
+    while plan and time.perf_counter() < end:
+        decode_run(engine, max(b for b, _ in plan), prompt_len, 32, plan[0][1])
 
 
 @dataclass
@@ -241,7 +253,7 @@ class _Session(threading.Thread):
         reply_len: int = 96,
     ) -> None:
         super().__init__(daemon=True)
-        self.et, self.start_delay, self.turns = et, start_delay, turns
+        self.et, self.start_delay, self.turns, self.seed = et, start_delay, turns, seed
         self.rng = np.random.default_rng(seed)
         self.user_len, self.reply_len = user_len, reply_len
         self.ttfts: list[float] = []
@@ -251,11 +263,9 @@ class _Session(threading.Thread):
     def run(self) -> None:
         time.sleep(self.start_delay)
         vocab = self.et.engine.vocab_size
-        for _ in range(self.turns):
+        for turn in range(self.turns):
             self.history += list(map(int, self.rng.integers(0, vocab, self.user_len)))
-            params = SamplingParams(
-                temperature=0, max_tokens=self.reply_len, ignore_eos=True, detokenize=False
-            )
+            params = self.params(turn)
             sent = time.perf_counter()
             last = None
             for out in self.et.submit(list(self.history), params):
@@ -269,6 +279,15 @@ class _Session(threading.Thread):
                     last = now
                 self.history += out.outputs[0].token_ids
 
+    def params(self, turn: int) -> SamplingParams:
+        """The app's defaults (what a person chats with), seeded per session and turn."""
+        return chat_sampling_params(
+            max_tokens=self.reply_len,
+            ignore_eos=True,
+            detokenize=False,
+            seed=1000 * self.seed + turn,
+        )
+
 
 def chat_run(
     engine: LLMEngine,
@@ -277,7 +296,8 @@ def chat_run(
     arrival_s: float = 1.0,
     long_prompt: int = 1000,
 ) -> ChatResult:
-    """Chat sessions arriving over `arrival_s`, each `turns` turns, on the engine thread."""
+    """Chat sessions arriving over `arrival_s`, each `turns` turns, on the engine thread,
+    sampling with the app's defaults."""
     timer = _StepTimer(engine)
     et = EngineThread(engine, idle_wait=0.001)
     et.start()

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Issue 5's device run in one call, from the repo root on the GPU machine (after the wheel
 # install line of run_all.sh): graph replay vs eager tokens, kernel microbenchmarks, and
-# `tinychat bench` on the SmolLM2-135M and Llama-3.2-1B configs (random bf16 weights), with
-# transformers beside it when COMPARE=hf (then throughput and chat run in a process of their
-# own, bench_llama_load.json). Writes under $OUT: speed.log, bench_*.json and the
-# microbenchmarks' JSON; prints the bench tables last. Each part has its own time limit.
+# `tinychat bench` on the SmolLM2-135M and Llama-3.2-1B configs (random bf16 weights): latency
+# and decode at batches 1, 8, 64, 256 with every sampling setting (--sampling all: each row
+# beside greedy's), start-up cold and warm (`bench startup`), with transformers beside it when
+# COMPARE=hf (then throughput and chat run in a process of their own, bench_llama_load.json).
+# Writes under $OUT: speed.log, bench_*.json and the microbenchmarks' JSON; prints the bench
+# tables last, each part's seconds after it. Each part has its own time limit.
 # Knobs: MICRO (which microbenchmarks; MICRO=none for none), WORKLOADS, REQUESTS, COMPARE,
-# SKIP_TESTS, SKIP_EAGER, SKIP_SMOL, BASELINE=1 (also latency + decode with the serial engine,
-# --no-async-scheduling), T_* limits.
+# SAMPLING (default all; e.g. greedy,chat), SKIP_TESTS, SKIP_EAGER, SKIP_SMOL, SKIP_STARTUP,
+# BASELINE=1 (also latency + decode with the serial engine, --no-async-scheduling), T_* limits.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/tinychat-device-out}
@@ -15,6 +17,8 @@ export OUT
 mkdir -p "$OUT"
 cd "$(dirname "$0")/../.."
 BENCH="python3 -m chat_app.cli bench --device cuda"
+SAMPLING=${SAMPLING:-all}
+took() { echo "   ($(( SECONDS - $1 )) s)"; }
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   if [ -z "${SKIP_TESTS:-}" ]; then
@@ -30,21 +34,33 @@ BENCH="python3 -m chat_app.cli bench --device cuda"
       timeout "${T_MICRO:-90}" python3 "tests/device/$micro.py" 2>&1 | tail -25
     fi
   done
+  if [ -z "${SKIP_STARTUP:-}" ]; then
+    for config in smollm2-135m llama-3.2-1b; do
+      echo "== bench startup $config (cold: empty kernel cache; warm: the same cache again)"
+      t=$SECONDS
+      timeout "${T_STARTUP:-150}" $BENCH startup --config $config \
+        --json "$OUT/bench_startup_$config.json" 2>&1 | tail -3
+      took $t
+    done
+  fi
+  # --sampling all: 7 settings x (latency + 4 batches) = 35 rows, plus the header lines.
   if [ -z "${SKIP_SMOL:-}" ]; then
-    echo "== bench smollm2-135m"
-    timeout "${T_SMOL:-120}" $BENCH latency decode --config smollm2-135m \
-      --json "$OUT/bench_smollm2.json" 2>&1 | tail -12
+    echo "== bench smollm2-135m, sampling $SAMPLING"
+    t=$SECONDS
+    timeout "${T_SMOL:-150}" $BENCH latency decode --config smollm2-135m --sampling "$SAMPLING" \
+      --json "$OUT/bench_smollm2.json" 2>&1 | tail -48
+    took $t
   fi
   if [ -n "${BASELINE:-}" ]; then
-    echo "== bench llama-3.2-1b, the serial engine (no async scheduling)"
-    timeout "${T_BASELINE:-110}" $BENCH latency \
-      decode --config llama-3.2-1b --capture-at-start --no-async-scheduling \
+    echo "== bench llama-3.2-1b, the serial engine (no async scheduling, greedy)"
+    timeout "${T_BASELINE:-110}" $BENCH latency decode --sampling greedy \
+      --config llama-3.2-1b --capture-at-start --no-async-scheduling \
       --json "$OUT/bench_llama_baseline.json" 2>&1 | tail -9
   fi
   if [ -z "${SKIP_EAGER:-}" ]; then
-    echo "== bench llama-3.2-1b, eager (latency only)"
-    timeout "${T_EAGER:-90}" $BENCH latency --config llama-3.2-1b --enforce-eager \
-      --json "$OUT/bench_llama_eager.json" 2>&1 | tail -6
+    echo "== bench llama-3.2-1b, eager (latency only, greedy)"
+    timeout "${T_EAGER:-90}" $BENCH latency --sampling greedy --config llama-3.2-1b \
+      --enforce-eager --json "$OUT/bench_llama_eager.json" 2>&1 | tail -6
   fi
   # transformers (--compare) gets a process of its own, with the workloads it runs (latency,
   # decode): loading it and torch.compile take ~2 minutes, which ran the sixth session's
@@ -57,13 +73,18 @@ BENCH="python3 -m chat_app.cli bench --device cuda"
   fi
   if [ -n "$load" ]; then
     echo "== bench llama-3.2-1b: $load(graphs captured at start)"
+    t=$SECONDS
     timeout "${T_LOAD:-200}" $BENCH $load --config llama-3.2-1b --capture-at-start \
       --num-requests "${REQUESTS:-256}" --json "$OUT/bench_llama_load.json" 2>&1 | tail -8
+    took $t
   fi
   if [ -n "$decode" ]; then
-    echo "== bench llama-3.2-1b: $decode${COMPARE:+with $COMPARE }(graphs captured at start)"
+    echo "== bench llama-3.2-1b: $decode${COMPARE:+with $COMPARE }(graphs captured at start)," \
+      "sampling $SAMPLING"
+    t=$SECONDS
     timeout "${T_LLAMA:-330}" $BENCH $decode --config llama-3.2-1b --capture-at-start \
-      --num-requests "${REQUESTS:-256}" ${COMPARE:+--compare $COMPARE} \
-      --plot "$OUT/decode.png" --json "$OUT/bench_llama.json" 2>&1 | tail -16
+      --sampling "$SAMPLING" --num-requests "${REQUESTS:-256}" ${COMPARE:+--compare $COMPARE} \
+      --plot "$OUT/decode.png" --json "$OUT/bench_llama.json" 2>&1 | tail -52
+    took $t
   fi
 } 2>&1 | tee "$OUT/speed.log"

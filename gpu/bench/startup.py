@@ -1,0 +1,137 @@
+"""`tinychat bench startup`: seconds from process start to a ready engine, cold and warm.
+
+Each measurement is a fresh Python process (this module run as a script) that builds the
+engine through the public entry, `LLM(...)`, so whatever the loader does before it reports
+ready (kernel compiles, a precompile step, graph captures) is counted, and then samples one
+token with the app's defaults. "cold" runs with empty cache folders (NUMBA_CACHE_DIR and
+TINYCHAT_HOME point into a new temporary folder: whichever the kernel cache lives in, it starts
+empty); "warm" is a second process on the same folders. The model is resolved once, in the
+parent, so an empty TINYCHAT_HOME does not fetch the default model again. With --config the
+random weights' generation (not part of a real start-up) is timed and taken out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+_MARK = "tinychat-startup: "
+# EngineConfig fields of the bench's options that shape the engine under test.
+_ENGINE_ARGS = (
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "gpu_memory_utilization",
+    "enforce_eager",
+    "async_scheduling",
+)
+
+
+def measure_startup(args: argparse.Namespace, timeout_s: float = 600.0) -> dict[str, Any]:
+    """Cold then warm start-up of the bench's model/config on its device."""
+    spec: dict[str, Any] = {
+        "config": args.config,
+        "layers": args.layers,
+        "model": None,
+        "device": args.device,
+        "engine": {k: getattr(args, k) for k in _ENGINE_ARGS if getattr(args, k) is not None},
+    }
+    if args.config is None:
+        from weights import resolve_model
+
+        spec["model"] = str(resolve_model(args.model))
+    result: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="tinychat-startup-") as tmp:
+        env = dict(os.environ)
+        env["NUMBA_CACHE_DIR"] = os.path.join(tmp, "numba")
+        env["TINYCHAT_HOME"] = os.path.join(tmp, "home")
+        for run in ("cold", "warm"):
+            result[run] = _child(spec, env, timeout_s)
+    return result
+
+
+def _child(spec: dict[str, Any], env: dict[str, str], timeout_s: float) -> dict[str, Any]:
+    t0 = time.time()
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpu.bench.startup", json.dumps({**spec, "t0": t0})],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        preexec_fn=_die_with_parent,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(_MARK)]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        raise RuntimeError(
+            f"the start-up process failed (status {proc.returncode}): " + " | ".join(tail)
+        )
+    return json.loads(lines[-1][len(_MARK) :])
+
+
+def _die_with_parent() -> None:
+    """Linux: the child is killed with its parent (a `timeout` around the bench must not leave
+    a process holding the GPU)."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _child_main(spec: dict[str, Any]) -> None:
+    """In the measured process: build, report ready, sample one token, report it."""
+    random_s = 0.0
+    from gpu import LLM
+    from gpu.config import EngineConfig
+
+    if spec["config"] is None:
+        llm = LLM(model=spec["model"], device=spec["device"], **spec["engine"])
+    else:
+        from gpu.backends import get_backend
+        from gpu.loader import build_engine
+        from gpu.model_weights import random_hf_tensors
+        from gpu.presets import preset_config
+
+        overrides = {"num_hidden_layers": spec["layers"]} if spec["layers"] else {}
+        config = preset_config(spec["config"], **overrides)
+        t = time.time()
+        tensors = random_hf_tensors(config, seed=0)
+        random_s = time.time() - t
+        engine = build_engine(
+            config,
+            tensors.__getitem__,
+            get_backend(spec["device"]),
+            EngineConfig(**spec["engine"]),
+            model_name=f"{spec['config']} (random bf16 weights)",
+        )
+        llm = LLM(engine=engine)
+    ready = time.time()
+    from gpu.sampling_presets import chat_sampling_params
+
+    engine = llm.llm_engine
+    prompt = [(1000 + i) % engine.vocab_size for i in range(8)]
+    engine.add_request(prompt, chat_sampling_params(max_tokens=1, seed=0, detokenize=False))
+    while engine.has_unfinished_requests():
+        engine.step()
+    first = time.time()
+    t0 = spec["t0"]
+    report = {
+        "ready_s": ready - t0 - random_s,
+        "first_token_s": first - t0 - random_s,
+        "random_weights_s": random_s,
+        "device": engine.device,
+    }
+    print(_MARK + json.dumps(report), flush=True)
+
+
+if __name__ == "__main__":
+    _child_main(json.loads(sys.argv[1]))
