@@ -1,7 +1,14 @@
-"""Building an engine: model files -> weights on a backend -> KV cache -> LLMEngine.
+"""Building an engine: model files -> weights on a backend -> KV cache -> LLMEngine -> kernels.
 
 The order matters on the GPU: weights first, then the activation buffers of the largest step,
 and only then the KV cache, which takes what memory is left (vLLM's gpu_memory_utilization).
+
+An engine is ready only once every kernel a reply can need is compiled: the executor's
+`precompile` (cuda: gpu/backends/cuda/precompile.py) covers every bucket of every step shape,
+then one short request with every sampling feature on (`warm_up_request`) runs through the
+engine for real, so that a path outside the buckets (a per-request state write, say) has run
+once too. `progress(stage, done, total)` hears about each stage: the app's loading line and
+the CLI's progress bar show it.
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ from gpu.engine import LLMEngine
 from gpu.executor import EagerExecutor
 from gpu.model import LlamaModel
 from gpu.model_weights import load_llama_weights
+from gpu.sampling_params import SamplingParams
+from weights.errors import ProgressFn, report
 
 DEFAULT_MAX_BATCHED_TOKENS = {"cpu": 512, "cuda": 4096}
 
@@ -35,9 +44,12 @@ def build_engine(
     tokenizer: Any = None,
     eos_token_ids: frozenset[int] = frozenset(),
     model_name: str = "",
+    progress: ProgressFn | None = None,
 ) -> LLMEngine:
-    """An engine over weights given by name (`get_tensor(hf_name)` -> float32 or bf16 bits)."""
+    """An engine over weights given by name (`get_tensor(hf_name)` -> float32 or bf16 bits),
+    with its kernels compiled."""
     config = config or EngineConfig()
+    report(progress, "loading weights", 0, 0)
     c = model_config
     max_model_len = config.max_model_len or c.max_position_embeddings
     max_tokens = config.max_num_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS[backend.name]
@@ -53,7 +65,7 @@ def build_engine(
     )
     executor = getattr(backend, "create_executor", None)
     executor = executor(model, config) if executor else EagerExecutor(model, backend)
-    return LLMEngine(
+    engine = LLMEngine(
         executor,
         tokenizer,
         c,
@@ -64,13 +76,45 @@ def build_engine(
         model_name=model_name,
         device=backend.name,
     )
+    precompile = getattr(executor, "precompile", None)
+    if precompile is not None and precompile(progress) is not None:  # None: nothing compiles
+        report(progress, "warming up", 0, 0)
+        warm_up_request(engine)
+    return engine
+
+
+def warm_up_request(engine: LLMEngine) -> None:
+    """Run one short request with every sampling feature on (penalties, a min_tokens ban,
+    top-k, top-p, min-p), and a greedy one beside it, to the end: whatever such a reply runs
+    outside the precompiled steps has then run once before the engine is ready."""
+    vocab = engine.vocab_size
+    prompt = [i % vocab for i in range(1, 9)]
+    everything = SamplingParams(
+        temperature=0.7, top_k=50, top_p=0.9, min_p=0.05, repetition_penalty=1.1,
+        presence_penalty=0.1, frequency_penalty=0.1, min_tokens=2, max_tokens=3, seed=0,
+        stop_token_ids=[vocab - 1], ignore_eos=True, detokenize=False,
+    )  # fmt: skip
+    greedy = SamplingParams(
+        temperature=0.0, max_tokens=3, seed=0, ignore_eos=True, detokenize=False
+    )
+    # Seeded, and ids of their own: the engine's stream of seeds and request ids is untouched.
+    ids = [
+        engine.add_request(prompt, p, request_id=f"warm-up-{i}")
+        for i, p in enumerate((everything, greedy))
+    ]
+    try:
+        while engine.has_unfinished_requests():
+            engine.step()
+    except BaseException:
+        engine.abort_request(ids)
+        raise
 
 
 def create_engine(
     model: str | None = None,
     device: str = "auto",
     config: EngineConfig | None = None,
-    progress: Callable[[str, int, int], None] | None = None,
+    progress: ProgressFn | None = None,
 ) -> LLMEngine:
     """Resolve a model (a folder, a cached HF repo id, a .gguf, or None for the default),
     check it, and build an engine for it on `device`."""
@@ -94,4 +138,5 @@ def create_engine(
         tokenizer=files.tokenizer,
         eos_token_ids=frozenset(eos),
         model_name=files.name,
+        progress=progress,
     )

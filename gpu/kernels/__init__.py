@@ -29,7 +29,15 @@ gemv_mma.py (but for long rows and the LM head: see its SERVE_MAX_K / SERVE_MAX_
 larger steps (prefill, big decode batches) are not here: they go through cuBLAS
 (gpu/backends/cuda/cublas.py).
 
+    compile_cache.py     where the compiled kernels are kept: $TINYCHAT_HOME/numba-cache
+
 Kernels compile on first use (once per process per argument types) and are cached on disk
-(`cache=True`). Numba keys that cache on the kernel's own file only: after editing a helper
-they import (bf16.py, block_reduce.py, pdl.py), clear the __pycache__ of gpu/kernels/.
+(`cache=True`) in the folder compile_cache.py sets up, before any kernel module is imported
+(here); the cuda executor compiles every kernel a reply can need before the engine is ready
+(gpu/backends/cuda/precompile.py). Numba keys that cache on the kernel's own file only: after
+editing a helper they import (bf16.py, block_reduce.py, pdl.py), clear that folder.
 """
+
+from gpu.kernels.compile_cache import use_cache_dir
+
+use_cache_dir()

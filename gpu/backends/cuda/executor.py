@@ -407,3 +407,31 @@ class CudaExecutor:
                 self._run(("mixed", tokens, seqs, True))
         self.backend.synchronize()
         return time.perf_counter() - t0
+
+    # --- precompile ---------------------------------------------------------------------
+    def warm_up_steps(self):
+        """Every step a reply can run, as (graph key, a callable that enqueues that step on the
+        inputs staged last): each decode bucket, and each prefill/mixed (tokens, seqs) bucket
+        a step can round up to (a step has at least one token per sequence), each with the
+        all-greedy sampler and the general one."""
+        keys = [("decode", b, greedy) for b in self.buckets for greedy in (True, False)]
+        keys += [
+            ("mixed", tokens, seqs, greedy)
+            for tokens in self.token_buckets
+            for seqs in self.seq_buckets
+            if seqs <= tokens
+            for greedy in (True, False)
+        ]
+        return [(key, self._step_fn(key)) for key in keys]
+
+    def precompile(self, progress=None):
+        """Compile (or load from the disk cache) every kernel of warm_up_steps now, before the
+        engine reports ready, so that no reply waits for a compile (precompile.py); returns
+        its PrecompileReport, also kept as `precompile_report` (None in the simulator, which
+        compiles nothing)."""
+        self.precompile_report = None
+        if not SIMULATOR:
+            from gpu.backends.cuda.precompile import precompile
+
+            self.precompile_report = precompile(self.backend, self.warm_up_steps(), progress)
+        return self.precompile_report
