@@ -89,14 +89,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class ProgressPrinter:
-    """Progress of a download or conversion as one rewritten line on stderr.
+    """Progress of a download, a conversion or the engine's build (loading weights, compiling
+    kernels) as one rewritten line on stderr, with a bar where the total is known.
 
     A new line starts only when the kind of work changes (its first word: "downloading",
-    "converting", ...), so converting 272 tensors is one line that counts up.
+    "converting", "compiling", ...), so compiling 60 kernels is one line whose bar fills.
     """
 
+    BAR_WIDTH = 24
+
     def __init__(self) -> None:
-        self._kind = ""
+        self._kind = self._stage = ""
         self._width = 0
         self._last_time = 0.0
 
@@ -104,17 +107,24 @@ class ProgressPrinter:
         now = time.monotonic()
         final = bool(total) and done >= total
         kind = stage.split(" ", 1)[0]
-        if kind == self._kind and now - self._last_time < 0.1 and not final:
-            return
-        self._last_time = now
+        if stage == self._stage and now - self._last_time < 0.1 and not final:
+            return  # at most 10 redraws a second of one stage's count
+        self._last_time, self._stage = now, stage
         if kind != self._kind and self._kind:
             sys.stderr.write("\n")
             self._width = 0
         self._kind = kind
-        line = f"{stage}: {done}/{total} ({100 * done // total}%)" if total else f"{stage}..."
+        line = f"{stage}..."
+        if total:
+            line = f"{stage} {self.bar(done, total)} {done}/{total} ({100 * done // total}%)"
         sys.stderr.write("\r" + line.ljust(self._width))
         self._width = len(line)
         sys.stderr.flush()
+
+    @classmethod
+    def bar(cls, done: int, total: int) -> str:
+        filled = cls.BAR_WIDTH * min(done, total) // total
+        return "[" + "#" * filled + "-" * (cls.BAR_WIDTH - filled) + "]"
 
     def finish(self) -> None:
         if self._kind:

@@ -32,6 +32,7 @@ class EngineClient:
         self._bridge = bridge
         self.thread: EngineThread | None = None
         self.load_error: str | None = None
+        self.load_stage = ""  # what the engine's build is doing now, for the loading line
         self._sinks: dict[str, ReplySink] = {}
         self._ids = itertools.count(1)
 
@@ -53,6 +54,11 @@ class EngineClient:
     def fail(self, message: str) -> None:
         self.load_error = message
 
+    def report_progress(self, stage: str, done: int, total: int) -> None:
+        """The engine build's progress callback (runs on the loading thread): the status bar
+        shows it after "loading model…" ("compiling kernels 12/60")."""
+        self.load_stage = f"{stage} {done}/{total}" if total else stage
+
     def shutdown(self, timeout: float = 5.0) -> None:
         """Abort every reply and stop the engine thread (idempotent)."""
         self._sinks.clear()
@@ -63,7 +69,9 @@ class EngineClient:
     def describe(self) -> str:
         """Model, device and KV capacity, for the status bar."""
         if self.thread is None:
-            return "model failed to load" if self.load_error else "loading model…"
+            if self.load_error:
+                return "model failed to load"
+            return f"loading model… {self.load_stage}" if self.load_stage else "loading model…"
         engine = self.thread.engine
         return f"{engine.model_name} · {engine.device} · KV {engine.kv_capacity_tokens:,} tok"
 

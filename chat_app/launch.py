@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from dataclasses import fields
 
 from chat_app.engine_api import EngineThread
@@ -90,14 +91,18 @@ def settings_from_args(args: argparse.Namespace) -> ChatSettings:
 
 
 def engine_factory(
-    model: str | None, device: str, max_model_len: int | None = None
+    model: str | None,
+    device: str,
+    max_model_len: int | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> EngineThread:
-    """Load the model and wrap it in an engine thread (slow: runs in the app's worker)."""
+    """Load the model and wrap it in an engine thread (slow: runs in the app's worker).
+    progress(stage, done, total) hears how far the build is (weights, kernels compiling)."""
     from gpu import LLM  # imported here: the UI opens before the engine's imports finish
     from gpu.engine_thread import EngineThread as RealEngineThread
 
     options = {} if max_model_len is None else {"max_model_len": max_model_len}
-    llm = LLM(model=model, device=device, **options)
+    llm = LLM(model=model, device=device, progress=progress, **options)
     return RealEngineThread(llm.llm_engine)
 
 
@@ -121,7 +126,8 @@ def run_app(args: argparse.Namespace) -> int:
     max_model_len = getattr(args, "max_model_len", None)
     store = HistoryStore.open()
     app = TinyChatApp(
-        lambda: engine_factory(model, device, max_model_len),
+        # The loading line shows the build's progress (the factory runs once the app exists).
+        lambda: engine_factory(model, device, max_model_len, app.client.report_progress),
         store,
         defaults=defaults,
         fresh=args.fresh,
