@@ -185,9 +185,11 @@ class StepInputs:
 class CudaExecutor:
     """Runs steps on the GPU. Decode steps are padded to a batch-size bucket, prefill and mixed
     steps to a (tokens, sequences) bucket, and unless enforce_eager each bucket is replayed
-    from a CUDA graph captured the first time it is used (gpu/backends/cuda/graphs.py). Steps
-    whose sampling needs variable-length data (penalties, min_tokens bans) run eagerly,
-    unpadded.
+    from a CUDA graph captured the first time it is used (gpu/backends/cuda/graphs.py), whatever
+    their sampling settings: penalties and min_tokens bans read the sampler's token state on the
+    device, and a step's state writes (its newly sampled sequences') are enqueued before its
+    graph. A graph is keyed by whether every row is a plain argmax (md.all_greedy: the fast
+    argmax path) or not.
 
     Eager steps are padded to the same buckets, so a graph replays exactly the launches (and
     cuBLAS algorithms) of the eager step it was captured from: same bits, same tokens.
@@ -237,6 +239,7 @@ class CudaExecutor:
         waits for the ids. At most two results may be unread at a time (the two slots of the
         sampler's host ring): the engine reads step N's before launching N+2."""
         self._wait_for_upload()
+        self.sampler.write_states(metadata)  # before the forward: the sampler reads the rows
         bucket = self._decode_bucket(batch, metadata)
         if bucket is not None:
             key = ("decode", bucket, metadata.all_greedy)
@@ -276,8 +279,6 @@ class CudaExecutor:
         is_decode = batch.max_query_len == 1 and batch.num_tokens == batch.num_seqs
         if not is_decode or md.num_rows != batch.num_seqs or batch.num_seqs == 0:
             return None
-        if md.has_penalties or md.banned_token_ids is not None:
-            return None  # variable-length sampling inputs: eager
         return bucket_for(batch.num_seqs, self.buckets)
 
     def _launch_padded(self, batch: ForwardBatch, md: SamplingMetadata, key: tuple, rows: int):
@@ -301,7 +302,7 @@ class CudaExecutor:
 
     # --- prefill and mixed steps: padded to (tokens, seqs), replayed from a graph ---------
     def _mixed_bucket(self, batch: ForwardBatch, md: SamplingMetadata) -> tuple | None:
-        if batch.num_seqs == 0 or md.has_penalties or md.banned_token_ids is not None:
+        if batch.num_seqs == 0:
             return None
         tokens = bucket_for(batch.num_tokens, self.token_buckets)
         seqs = bucket_for(batch.num_seqs, self.seq_buckets)

@@ -1,11 +1,19 @@
-"""The device sampler's state: per-row parameters in staged device buffers, the penalty scratch,
-and the sampled ids coming back through host memory mapped into the device.
+"""The device sampler's state: per-row parameters in staged device buffers, the token-state
+table of penalties and bans, and the sampled ids coming back through host memory mapped into
+the device.
 
 SamplingMetadata (host, numpy) -> pinned staging fields (fparams / iparams / uparams, see
 gpu/kernels/sampling.py for their rows) -> one copy with the rest of the step's inputs ->
-penalty_counts (only when some row has a token history) -> sample_kernel -> ids. Banned ids
-and token histories are variable-length, so they go in their own device buffers, copied only
-on the steps that have them (min_tokens, penalties: the eager path).
+the sampler kernels -> ids. Every buffer they touch is allocated here once, so a step with
+any sampling settings (penalties and min_tokens bans included) replays from a CUDA graph.
+
+Penalties and bans read the token state (gpu/sampling/token_state.py): a uint16 table
+[max_rows, vocab] on the device (2 bytes a cell: 65.7 MB at 256 x 128,256), one row per
+sequence with a penalty or a ban, counted on by the sampler itself. A step stages only each
+row's state row and whether its ban is active; a sequence sampled for the first time in its row
+brings a state write (md.state_writes), uploaded packed and written by write_states_kernel on
+the stream before the step's forward: the only variable-length upload, and only on the steps
+that admit or recompute such a sequence.
 
 The ids come back with no copy on the stream (fetch_async): the sampler kernel stores them both
 into `out` (device memory: the next step's embedding reads its fed-back tokens there) and into
@@ -26,14 +34,16 @@ from numba import cuda
 from gpu.backends.cuda.staging import Staging
 from gpu.kernels import sampling as k
 from gpu.kernels.argmax import argmax_rows, argmax_scratch_size
+from gpu.kernels.token_state import pack_writes, unpack, write_states
 from gpu.sampling import SamplingMetadata
+from gpu.sampling.token_state import new_state
 
 
 def sampler_fields(max_rows: int) -> list[tuple[str, type, tuple[int, ...]]]:
     return [
         ("fparams", np.float32, (6, max_rows + 1)),
         ("uparams", np.uint64, (2, max_rows)),
-        ("iparams", np.int32, (4, max_rows + 1)),
+        ("iparams", np.int32, (3, max_rows + 1)),  # top_k, state row, ban active
         ("ring_slot", np.int32, (1,)),  # the row of the host ring this step's ids go to
     ]
 
@@ -64,7 +74,8 @@ class DeviceSampler:
         self.stream = stream
         self.own_staging = staging is None
         self.staging = staging or Staging(sampler_fields(max_rows), stream)
-        self.counts = cuda.to_device(np.zeros((max_rows, vocab_size), np.int32), stream=stream)
+        self.state = cuda.to_device(new_state(max_rows, vocab_size), stream=stream)
+        self.scratch = k.sampler_scratch(max_rows, vocab_size, stream)
         self.out = cuda.device_array(max_rows, dtype=np.int32, stream=stream)
         scratch = argmax_scratch_size(max_rows, vocab_size)
         self._argmax_val = cuda.device_array(scratch, dtype=np.float32, stream=stream)
@@ -76,21 +87,31 @@ class DeviceSampler:
         self.ring_host = np.asarray(self.ring)
         self.ring_events = [cuda.event() for _ in range(RING_SLOTS)]
         self._slot = 0  # the slot the step being staged writes
-        self._banned = self._grow(None, 64)
-        self._history = self._grow(None, 4096)
-        self.has_history = False
+        self._writes = cuda.device_array(4096, np.int32, stream=stream)  # packed state writes
 
-    def _grow(self, buffer, size: int):
-        if buffer is not None and buffer.shape[0] >= size:
-            return buffer
-        # Rare path (min_tokens bans, penalties): variable-length data, eager steps only.
-        return cuda.device_array(
-            max(size, 2 * (0 if buffer is None else buffer.shape[0])), np.int32
-        )
+    def write_states(self, md: SamplingMetadata) -> None:
+        """Enqueue md's state writes (rows of sequences sampled for the first time in them):
+        one upload of the packed rows and cells, one kernel. Call it before the step's forward:
+        the sampler of the step reads the rows, and in stream order the writes follow every
+        earlier step's sampler."""
+        writes = md.state_writes
+        if not writes:
+            return
+        for row, _, _ in writes:
+            if not 0 <= row < self.max_rows:
+                raise ValueError(f"state row {row} outside the table's {self.max_rows} rows")
+        packed = pack_writes(writes)
+        if packed.size > self._writes.shape[0]:  # rare: long prompts, many admissions at once
+            self._writes = cuda.device_array(2 * packed.size, np.int32, stream=self.stream)
+        # From pageable memory the copy returns once `packed` is staged: it may be dropped.
+        self._writes[: packed.size].copy_to_device(packed, stream=self.stream)
+        total = sum(len(t) for _, t, _ in writes)
+        rows, offsets, tokens, values = unpack(self._writes, len(writes), total)
+        write_states(self.state, rows, offsets, tokens, values, self.stream)
 
     def stage(self, md: SamplingMetadata, staging: Staging | None = None) -> None:
         """Write md's parameters (and the ring slot its ids go to) into the pinned fields of
-        staging (default: the sampler's); copy bans and histories if any."""
+        staging (default: the sampler's)."""
         n = md.num_rows
         if n > self.max_rows:
             raise ValueError(f"{n} rows to sample, the sampler holds {self.max_rows}")
@@ -108,33 +129,11 @@ class DeviceSampler:
         u[k.U_STEP, :n] = md.step
         i = host["iparams"]
         i[k.I_TOP_K, :n] = md.top_k
-        i[k.I_BANNED, : n + 1] = 0
-        i[k.I_HISTORY, : n + 1] = 0
-        i[k.I_PROMPT_LEN, :n] = 0
-        if md.banned_token_ids is not None:
-            lengths = [len(b) for b in md.banned_token_ids]
-            i[k.I_BANNED, 1 : n + 1] = np.cumsum(lengths)
-            flat = np.fromiter(
-                (t for b in md.banned_token_ids for t in b), np.int32, count=sum(lengths)
-            )
-            if flat.size:
-                self._banned = self._grow(self._banned, flat.size)
-                self._banned[: flat.size].copy_to_device(flat, stream=self.stream)
-        self.has_history = md.has_penalties
-        if md.has_penalties:
-            rows = [
-                np.concatenate([p, o]).astype(np.int32)
-                for p, o in zip(md.prompt_token_ids, md.output_token_ids, strict=True)
-            ]
-            i[k.I_HISTORY, 1 : n + 1] = np.cumsum([len(r) for r in rows])
-            i[k.I_PROMPT_LEN, :n] = [len(p) for p in md.prompt_token_ids]
-            flat = np.concatenate(rows) if rows else np.zeros(0, np.int32)
-            if flat.size:
-                self._history = self._grow(self._history, flat.size)
-                self._history[: flat.size].copy_to_device(flat, stream=self.stream)
+        i[k.I_STATE_ROW, :n] = md.state_rows
+        i[k.I_BAN_ACTIVE, :n] = md.ban_active
 
     def pad(self, n: int, rows: int, staging: Staging | None = None) -> None:
-        """Rows n..rows-1 of a padded (graph) step: greedy, nothing banned, no history."""
+        """Rows n..rows-1 of a padded (graph) step: greedy, no token state."""
         host = (staging or self.staging).host
         host["ring_slot"][0] = self._slot
         f = host["fparams"]
@@ -145,27 +144,23 @@ class DeviceSampler:
         u[:, n:rows] = 0
         i = host["iparams"]
         i[k.I_TOP_K, n:rows] = 0
-        i[k.I_PROMPT_LEN, n:rows] = 0
-        if n == 0:
-            i[k.I_BANNED, 0] = i[k.I_HISTORY, 0] = 0
-        i[k.I_BANNED, n + 1 : rows + 1] = i[k.I_BANNED, n]
-        i[k.I_HISTORY, n + 1 : rows + 1] = i[k.I_HISTORY, n]
+        i[k.I_STATE_ROW, n:rows] = -1
+        i[k.I_BAN_ACTIVE, n:rows] = 0
 
     def launch(self, logits, staging: Staging | None = None) -> None:
         """Sample every row of logits [n, V] into self.out[:n] and the staged slot of the host
-        ring (on the stream, no sync), with the parameters staged in staging."""
+        ring (on the stream, no sync), with the parameters staged in staging; rows with a state
+        row count their token there."""
         n = logits.shape[0]
         d = (staging or self.staging).device
-        if self.has_history:
-            k.penalty_counts(self._history, d["iparams"], self.counts, n, self.stream)
         k.sample(
-            logits, d["fparams"], d["iparams"], d["uparams"], self._banned, self.counts,
+            logits, d["fparams"], d["iparams"], d["uparams"], self.state, self.scratch,
             self.out[:n], self.stream, self.ring, d["ring_slot"],
         )  # fmt: skip
 
     def launch_greedy(self, logits, staging: Staging | None = None) -> None:
-        """Every row greedy, nothing banned, no penalties: a two-stage argmax over many blocks
-        (the general kernel gives each row one block, 40 us for a 128k vocabulary)."""
+        """Every row greedy with no token state (md.all_greedy): a two-stage argmax over many
+        blocks, and the state is neither read nor written."""
         n = logits.shape[0]
         slot = (staging or self.staging).device["ring_slot"]
         argmax_rows(
@@ -186,7 +181,9 @@ class DeviceSampler:
         return self.fetch_async(n).result()
 
     def sample(self, logits, md: SamplingMetadata) -> np.ndarray:
-        """Stage, copy, sample and wait: the whole job for a sampler with its own staging."""
+        """Write states, stage, copy, sample and wait: the whole job for a sampler with its own
+        staging."""
+        self.write_states(md)
         self.stage(md)
         if self.own_staging:
             self.staging.upload()
