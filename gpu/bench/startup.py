@@ -88,13 +88,19 @@ def _die_with_parent() -> None:
 
 
 def _child_main(spec: dict[str, Any]) -> None:
-    """In the measured process: build, report ready, sample one token, report it."""
+    """In the measured process: build, report ready, sample one token, report it. The
+    loader's progress stages (weights, kernels, warm-up) are noted when each first starts."""
     random_s = 0.0
+    stages: dict[str, float] = {}
+
+    def progress(stage: str, done: int, total: int) -> None:
+        stages.setdefault(stage, time.time())
+
     from gpu import LLM
     from gpu.config import EngineConfig
 
     if spec["config"] is None:
-        llm = LLM(model=spec["model"], device=spec["device"], **spec["engine"])
+        llm = LLM(model=spec["model"], device=spec["device"], progress=progress, **spec["engine"])
     else:
         from gpu.backends import get_backend
         from gpu.loader import build_engine
@@ -112,6 +118,7 @@ def _child_main(spec: dict[str, Any]) -> None:
             get_backend(spec["device"]),
             EngineConfig(**spec["engine"]),
             model_name=f"{spec['config']} (random bf16 weights)",
+            progress=progress,
         )
         llm = LLM(engine=engine)
     ready = time.time()
@@ -129,6 +136,8 @@ def _child_main(spec: dict[str, Any]) -> None:
         "first_token_s": first - t0 - random_s,
         "random_weights_s": random_s,
         "device": engine.device,
+        # When each stage of the build started, in seconds from the process's start.
+        "stages_s": {k: v - t0 - random_s for k, v in stages.items()},
     }
     print(_MARK + json.dumps(report), flush=True)
 
