@@ -1,7 +1,10 @@
-"""The device sampler vs the numpy sampler (gpu/sampling/numpy_sampler.py): greedy, temperature,
-top-k, top-p, min-p, penalties and banned ids, per-row parameters, the same counter-based Gumbel
-noise. Rows are sampled on random logits, so the ids must agree exactly (a disagreement would
-need two candidates within float rounding of each other)."""
+"""The device sampler (gpu/kernels/sampling.py) vs the numpy twin (gpu/sampling/numpy_sampler.py):
+bans and penalties from the token-state table, greedy, temperature, min-p, top-k, top-p, the
+same counter-based Gumbel noise, the state's count of each sampled token, the host ring. Rows
+are random logits (fresh every run), so ids must agree exactly (a disagreement would need two
+candidates within float rounding of each other). Vocabularies of a few hundred ids are split
+into several chunks of MIN_CHUNK (128 in the simulator), the last one partial, so every pass's
+cross-block merge runs."""
 
 from __future__ import annotations
 
@@ -9,12 +12,37 @@ import numpy as np
 from kernel_helpers import INT_POISON, fresh_rng, gpu_code_path, poisoned, synced
 from numba import cuda
 
-from gpu.backends.cuda.sampler import DeviceSampler
-from gpu.kernels import block_reduce
+from gpu.kernels import block_reduce, sampling
 from gpu.kernels.argmax import CHUNK, WIDE_CHUNK, WIDE_ROWS, argmax_rows, argmax_scratch_size
-from gpu.kernels.sampling import PROMPT_BIT, penalty_counts
-from gpu.sampling import SamplingMetadata
+from gpu.kernels.sampling import (
+    F_FREQUENCY,
+    F_MIN_P,
+    F_PRESENCE,
+    F_REPETITION,
+    F_TEMPERATURE,
+    F_TOP_P,
+    I_BAN_ACTIVE,
+    I_STATE_ROW,
+    I_TOP_K,
+    MIN_CHUNK,
+    NONE,
+    R_KTH,
+    R_MAX,
+    R_MIN_BOUND,
+    R_P_T,
+    R_Z,
+    U_SEED,
+    U_STEP,
+    chunking,
+    sample,
+    sampler_scratch,
+)
+from gpu.sampling import SamplingMetadata, uniform_from_counter
+from gpu.sampling import token_state as ts
 from gpu.sampling.numpy_sampler import sample as numpy_sample
+from gpu.sampling.numpy_sampler import top_p_threshold
+
+COUNT_MASK = ts.COUNT_MASK
 
 
 def _metadata(rows: list[dict], rng) -> SamplingMetadata:
@@ -29,115 +57,260 @@ def _metadata(rows: list[dict], rng) -> SamplingMetadata:
     md.frequency_penalty = np.array([r.get("frequency", 0.0) for r in rows], np.float32)
     md.seed = rng.integers(0, 2**63, n).astype(np.uint64)
     md.step = rng.integers(0, 1000, n).astype(np.uint64)
+    md.state_rows = np.array([r.get("state_row", -1) for r in rows], np.int32)
+    md.ban_active = np.array([r.get("ban", 0) for r in rows], np.int32)
     return md
 
 
-def _check(logits: np.ndarray, md: SamplingMetadata, seed: int) -> np.ndarray:
-    sampler = DeviceSampler(logits.shape[0], logits.shape[1], cuda.stream())
-    sampler.out = poisoned(sampler.out.shape, np.int32)
-    sampler.ring[:] = INT_POISON  # the host's copy of the ids: written by the kernel itself
-    got = sampler.sample(cuda.to_device(logits), md)
-    expected = numpy_sample(logits, md)
-    assert INT_POISON not in got
-    assert got.tolist() == expected.tolist(), f"KERNEL_TEST_SEED={seed}"
-    # The penalty scratch is left clean for the next step.
-    assert not synced(sampler.counts).any()
-    return got
+def _params(md: SamplingMetadata) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """fparams / iparams / uparams as the spec lays them out, the extra column neutral."""
+    n = md.num_rows
+    f = np.zeros((6, n + 1), np.float32)
+    f[F_TOP_P, n] = f[F_REPETITION, n] = 1.0
+    f[F_TEMPERATURE, :n] = md.temperature
+    f[F_TOP_P, :n] = md.top_p
+    f[F_MIN_P, :n] = md.min_p
+    f[F_REPETITION, :n] = md.repetition_penalty
+    f[F_PRESENCE, :n] = md.presence_penalty
+    f[F_FREQUENCY, :n] = md.frequency_penalty
+    i = np.zeros((3, n + 1), np.int32)
+    i[I_STATE_ROW, n] = -1
+    i[I_TOP_K, :n] = md.top_k
+    i[I_STATE_ROW, :n] = md.state_rows
+    i[I_BAN_ACTIVE, :n] = md.ban_active
+    u = np.zeros((2, n), np.uint64)
+    u[U_SEED] = md.seed
+    u[U_STEP] = md.step
+    return f, i, u
+
+
+def _random_state(rng, rows: int, vocab: int) -> np.ndarray:
+    """A state table of random histories: prompt flags, bans, counts (repeats, some saturated)."""
+    state = ts.new_state(rows, vocab)
+    for r in range(rows):
+        tokens, values = ts.row_state(
+            rng.integers(0, vocab, rng.integers(0, 30)),
+            rng.integers(0, vocab // 4, rng.integers(0, 60)),  # repeats
+            rng.integers(0, vocab, 3).tolist() + [vocab + 5],
+            vocab,
+        )
+        state[r, tokens] = values
+    state[:, rng.integers(0, vocab, 4)] |= np.uint16(COUNT_MASK)  # saturated counts
+    return state
+
+
+def _check(logits, md, seed, state=None, scratch=None) -> tuple[np.ndarray, np.ndarray]:
+    """Sample on the device and with the twin; tokens, ring, state and scratch must agree.
+    Returns the tokens and the state table after the call."""
+    n, vocab = logits.shape
+    if state is None:
+        state = ts.new_state(max(1, int(md.state_rows.max(initial=-1)) + 1), vocab)
+    scratch = scratch or sampler_scratch(n, vocab)
+    f, i, u = _params(md)
+    out = poisoned((n + 1,), np.int32)  # one row more than asked: left alone
+    ring = poisoned((2, n + 1), np.int32)
+    d_state = cuda.to_device(state)
+    d_logits = cuda.to_device(logits)
+    sample(
+        d_logits, cuda.to_device(f), cuda.to_device(i), cuda.to_device(u), d_state,
+        scratch, out[:n], ring=ring, ring_slot=cuda.to_device(np.array([1], np.int32)),
+    )  # fmt: skip
+    got, got_ring, got_state = synced(out), synced(ring), synced(d_state)
+    want_state = state.copy()
+    expected = numpy_sample(logits.copy(), md, want_state)
+    assert got[:n].tolist() == expected.tolist(), f"KERNEL_TEST_SEED={seed}"
+    assert got[n] == INT_POISON
+    assert got_ring[1, :n].tolist() == expected.tolist()
+    assert (got_ring[0] == INT_POISON).all() and got_ring[1, n] == INT_POISON
+    assert np.array_equal(got_state, want_state), f"state (KERNEL_TEST_SEED={seed})"
+    # The scratch is left ready for the next call.
+    assert not synced(scratch.ticket).any() and not synced(scratch.hist).any()
+    assert (synced(scratch.best) == NONE).all()
+    _check_thresholds(logits, md, state, synced(d_logits), synced(scratch.rowf), seed)
+    return got[:n], got_state
+
+
+def _twin_keep(scaled: np.ndarray, md: SamplingMetadata, i: int) -> np.ndarray:
+    """What numpy_sampler.sample_row keeps of row i's scaled scores (min_p, top_k, top_p)."""
+    keep = np.isfinite(scaled)
+    top = float(scaled.max())
+    if md.min_p[i] > 0.0:
+        keep &= scaled >= top + np.log(np.float32(md.min_p[i]))
+    k = int(md.top_k[i])
+    if 0 < k < int(keep.sum()):
+        keep &= scaled >= np.partition(np.where(keep, scaled, -np.inf), -k)[-k]
+    if md.top_p[i] < 1.0:
+        probs = np.where(keep, np.exp(scaled - top), 0.0).astype(np.float32)
+        probs /= probs.sum()
+        keep &= probs >= top_p_threshold(probs, float(md.top_p[i]))
+    return keep
+
+
+def _check_thresholds(logits, md, state, scores, rowf, seed) -> None:
+    """Each truncating row: the scaled scores written back by the first pass, and the set the
+    thresholds of the radix passes keep, vs the twin's."""
+    for i in range(md.num_rows):
+        truncating = md.min_p[i] > 0 or md.top_k[i] > 0 or md.top_p[i] < 1
+        if md.temperature[i] == 0 or not truncating:
+            continue
+        x = logits[i].copy()
+        if md.state_rows[i] >= 0:
+            ts.apply_state(
+                x, state[md.state_rows[i]], bool(md.ban_active[i]), md.repetition_penalty[i],
+                md.presence_penalty[i], md.frequency_penalty[i],
+            )  # fmt: skip
+        scaled = x / np.float32(md.temperature[i])
+        np.testing.assert_allclose(scores[i], scaled, rtol=1e-6, err_msg=f"seed {seed}")
+        s = scores[i]
+        top, min_bound, kth, p_t, z = rowf[[R_MAX, R_MIN_BOUND, R_KTH, R_P_T, R_Z], i]
+        near = np.zeros(s.shape, bool)  # probabilities within float rounding of the cut
+        with np.errstate(invalid="ignore", over="ignore"):
+            keep = np.isfinite(s) & (s >= min_bound) & (s >= kth)
+            if p_t > 0:
+                p = np.exp(s - top).astype(np.float32) / z
+                keep &= p >= p_t
+                near = np.abs(p - p_t) <= 4 * np.spacing(p_t)
+        twin = _twin_keep(scaled, md, i)
+        keep[near], twin[near] = True, True
+        assert keep.tolist() == twin.tolist(), (
+            f"row {i}: {keep.sum()} kept, twin {twin.sum()} (KERNEL_TEST_SEED={seed})"
+        )
 
 
 def test_one_pass_rows_greedy_temperature_penalties_and_bans():
+    """Greedy and temperature-only rows finish in the first pass, beside a truncating row."""
     rng, seed = fresh_rng()
-    vocab = 300
-    logits = (rng.standard_normal((5, vocab)) * 3).astype(np.float32)
+    vocab = 2 * MIN_CHUNK + 45
+    logits = (rng.standard_normal((6, vocab)) * 3).astype(np.float32)
+    state = _random_state(rng, 4, vocab)
+    state[1, np.argmax(logits[3])] = 3  # the greedy row's favourite penalised out of first
+    state[2, np.argmax(logits[0])] |= np.uint16(ts.BAN_BIT)
     rows = [
-        {},  # greedy
+        {"state_row": 2, "ban": 1},  # greedy, its argmax banned
         {"temperature": 0.7},
-        {"temperature": 1.3, "repetition": 1.5, "presence": 0.5, "frequency": 0.25},
-        {"repetition": 2.0, "frequency": 1.0},  # greedy after penalties
+        {"temperature": 1.3, "repetition": 1.5, "presence": 0.5, "frequency": 0.25,
+         "state_row": 0, "ban": 1},
+        {"repetition": 2.0, "frequency": 1.0, "state_row": 1},  # greedy after penalties
+        {"temperature": 1.0, "top_k": 5, "state_row": 3, "presence": 1.0},
         {"temperature": 1.0},
-    ]
-    md = _metadata(rows, rng)
-    # Histories with repeats; the greedy row's favourite is penalised out of first place.
-    md.prompt_token_ids = [rng.integers(0, vocab, rng.integers(0, 20)).astype(np.int32)] * 5
-    md.output_token_ids = [rng.integers(0, vocab, rng.integers(0, 30)).astype(np.int32)] * 5
-    md.output_token_ids[3] = np.array([np.argmax(logits[3])] * 4, np.int32)
-    md.banned_token_ids = [(int(np.argmax(logits[0])), 5), (), (7,), (), (vocab + 3,)]
-    _check(logits, md, seed)
+    ]  # fmt: skip
+    got, _ = _check(logits, _metadata(rows, rng), seed, state)
+    assert got[0] != np.argmax(logits[0])
 
 
-def test_all_greedy_fast_path():
+def test_all_greedy_and_ties():
     rng, seed = fresh_rng()
-    logits = rng.standard_normal((3, 200)).astype(np.float32)
-    logits[1, 17] = logits[1, 99] = 50.0  # a tie: the first index wins, as np.argmax
+    logits = rng.standard_normal((3, MIN_CHUNK + 70)).astype(np.float32)
+    logits[1, 17] = logits[1, MIN_CHUNK + 9] = 50.0  # a tie across chunks: the first index
+    logits[2] = -np.inf  # np.argmax gives 0
     _check(logits, SamplingMetadata.greedy(3), seed)
 
 
-def test_two_results_in_flight_land_in_their_own_ring_slots():
-    """Async scheduling launches step N+1 before it reads step N's ids: each launch stages its
-    own slot of the host ring, so N+1's stores (the general kernel or the greedy argmax) leave
-    N's ids alone, and the device copy the next step feeds back holds the latest."""
+def test_top_k_edges():
+    """k = 1, k at a tie, k = vocab, k past the kept count (min_p), an all-equal row."""
     rng, seed = fresh_rng()
-    vocab = 250
-    sampler = DeviceSampler(4, vocab, cuda.stream())
-    sampler.ring[:] = INT_POISON
-    expected, results = [], []
-    for step in range(3):
-        logits = rng.standard_normal((3, vocab)).astype(np.float32)
-        md = SamplingMetadata.greedy(3)
-        sampler.stage(md)
-        sampler.staging.upload()
-        if step == 1:
-            sampler.launch(cuda.to_device(logits))
-        else:
-            sampler.launch_greedy(cuda.to_device(logits))
-        expected.append(np.argmax(logits, axis=1).tolist())
-        results.append(sampler.fetch_async(3))
-        if step == 1:  # two unread results: read the older before the third launch
-            assert results[0].result().tolist() == expected[0], f"KERNEL_TEST_SEED={seed}"
-    assert results[1].result().tolist() == expected[1], f"KERNEL_TEST_SEED={seed}"
-    assert results[2].result().tolist() == expected[2], f"KERNEL_TEST_SEED={seed}"
-    assert synced(sampler.out)[:3].tolist() == expected[2]
-    assert sampler.ring[:, 3].tolist() == [INT_POISON] * 2  # rows past the step: untouched
-
-
-def test_truncating_rows_top_k_top_p_min_p():
-    rng, seed = fresh_rng()
-    vocab = 160
-    logits = (rng.standard_normal((4, vocab)) * 2).astype(np.float32)
-    logits[0, :10] = 4.0  # ties at the top-k edge all stay
+    vocab = 2 * MIN_CHUNK + 77
+    logits = (rng.standard_normal((6, vocab)) * 2).astype(np.float32)
+    logits[1, rng.permutation(vocab)[:10]] = 4.0  # ties at the top-k edge all stay
+    logits[4] = 0.5
+    logits[5, rng.permutation(vocab)[:40]] = -np.inf
     rows = [
-        {"temperature": 0.8, "top_k": 12},
+        {"temperature": 0.8, "top_k": 1},
+        {"temperature": 1.0, "top_k": 7},
+        {"temperature": 1.2, "top_k": vocab},
+        {"temperature": 1.0, "top_k": 50, "min_p": 0.3},
+        {"temperature": 1.0, "top_k": 3},
+        {"temperature": 0.9, "top_k": 60},
+    ]
+    _check(logits, _metadata(rows, rng), seed)
+
+
+def test_top_p_and_min_p():
+    rng, seed = fresh_rng()
+    vocab = MIN_CHUNK + 33
+    logits = (rng.standard_normal((6, vocab)) * 2).astype(np.float32)
+    logits[2] = 0.25  # all equal: the cut is a tie of every token
+    logits[3, :8] = 5.0  # ties at the top-p edge
+    logits[4, rng.permutation(vocab)[:20]] = -np.inf
+    rows = [
         {"temperature": 1.0, "top_p": 0.6},
         {"temperature": 1.5, "min_p": 0.2},
+        {"temperature": 1.0, "top_p": 0.5},
+        {"temperature": 0.7, "top_p": 0.3},
         {"temperature": 0.9, "top_k": 40, "top_p": 0.8, "min_p": 0.05},
+        {"temperature": 1.0, "top_p": 1.0, "min_p": 0.01},
     ]
-    md = _metadata(rows, rng)
-    md.banned_token_ids = [(3,), (), (), (int(np.argmax(logits[3])),)]
-    _check(logits, md, seed)
+    _check(logits, _metadata(rows, rng), seed)
 
 
-def test_many_draws_follow_the_distribution():
-    """A row sampled at many steps draws the numpy sampler's tokens at every step."""
+def test_penalties_with_truncation_and_state_counts():
+    """Penalties + top-p / top-k rows; each sampled token counted in its state row, a saturated
+    count left as it is; rows without state leave the table alone."""
     rng, seed = fresh_rng()
-    logits = np.tile((rng.standard_normal(64) * 1.5).astype(np.float32), (8, 1))
-    md = _metadata([{"temperature": 1.0}] * 8, rng)
-    md.step = np.arange(8, dtype=np.uint64)
-    md.seed[:] = md.seed[0]
-    got = _check(logits, md, seed)
-    assert len(set(got.tolist())) > 1
+    vocab = 2 * MIN_CHUNK + 5
+    logits = (rng.standard_normal((4, vocab)) * 2).astype(np.float32)
+    state = _random_state(rng, 5, vocab)
+    state[4, :] = COUNT_MASK  # every count saturated: nothing changes
+    rows = [
+        {"temperature": 1.0, "top_p": 0.9, "repetition": 1.3, "frequency": 0.2, "state_row": 2},
+        {"temperature": 0.8, "top_k": 20, "presence": 0.7, "state_row": 0, "ban": 1},
+        {"temperature": 1.0, "top_k": 10, "repetition": 1.2, "state_row": 4},
+        {"temperature": 1.0, "min_p": 0.1},
+    ]
+    got, after = _check(logits, _metadata(rows, rng), seed, state)
+    expected = state.copy()
+    for row, tok in ((2, got[0]), (0, got[1])):
+        if expected[row, tok] & COUNT_MASK < COUNT_MASK:
+            expected[row, tok] += 1
+    assert np.array_equal(after, expected), f"KERNEL_TEST_SEED={seed}"
 
 
-def test_penalty_counts_kernel():
-    rng, _ = fresh_rng()
-    history = np.array([3, 3, 9, 3, 5, 5, 2], np.int32)  # row 0: prompt [3, 3, 9]; output 3 5 5
-    iparams = np.zeros((4, 3), np.int32)
-    iparams[2] = [0, 6, 7]  # history offsets
-    iparams[3, :2] = [3, 0]  # prompt lengths
-    counts = cuda.to_device(np.zeros((2, 12), np.int32))
-    penalty_counts(cuda.to_device(history), cuda.to_device(iparams), counts, 2)
-    got = synced(counts)
-    assert got[0, 3] == PROMPT_BIT | 1 and got[0, 9] == PROMPT_BIT and got[0, 5] == 2
-    assert got[1, 2] == 1 and got[1].sum() == 1 and int(got[0].sum()) == 2 * int(PROMPT_BIT) + 3
+def test_one_row_reused_scratch_and_many_draws():
+    """One row (the most chunks), sampled at several steps through one scratch: each call
+    leaves the scratch clean for the next, and the draws follow the twin's."""
+    rng, seed = fresh_rng()
+    vocab = 3 * MIN_CHUNK + 1
+    assert chunking(1, vocab)[0] == 4
+    logits = (rng.standard_normal((1, vocab)) * 1.5).astype(np.float32)
+    scratch = sampler_scratch(2, vocab)
+    drawn = set()
+    for step, row in enumerate([{"temperature": 1.0, "top_p": 0.95}, {"temperature": 1.0},
+                                {"temperature": 1.0, "top_k": 30}]):  # fmt: skip
+        md = _metadata([row], rng)
+        md.step[:] = step
+        drawn.add(int(_check(logits, md, seed, scratch=scratch)[0][0]))
+    assert len(drawn) > 1
+
+
+def test_gpu_code_path():
+    """block_reduce's warp-shuffle reduction (the GPU's), shuffles emulated in the simulator."""
+    rng, seed = fresh_rng()
+    logits = (rng.standard_normal((2, MIN_CHUNK + 3)) * 2).astype(np.float32)
+    rows = [{"temperature": 1.0, "top_k": 4, "top_p": 0.9}, {}]
+    with gpu_code_path(block_reduce):
+        _check(logits, _metadata(rows, rng), seed)
+
+
+def test_chunking():
+    for rows in (1, 3, 8, 64, 256):
+        for vocab in (1, MIN_CHUNK - 1, 5 * MIN_CHUNK + 3, 128_256):
+            chunks, chunk_len = chunking(rows, vocab)
+            assert chunks >= 1 and chunk_len % sampling.THREADS == 0
+            assert (chunks - 1) * chunk_len < vocab <= chunks * chunk_len
+            assert chunks == 1 or chunk_len >= MIN_CHUNK
+
+
+def test_uniform_matches_rng_and_is_never_one():
+    """The kernel's uniform is rng.uniform_from_counter (23 bits + 1/2 over 2**23): the top
+    value stays below 1 in float32, so the Gumbel noise is finite."""
+    rng, seed = fresh_rng()
+    seeds = rng.integers(0, 2**63, 50).astype(np.uint64)
+    tokens = rng.integers(0, 200_000, 50).astype(np.uint64)
+    want = uniform_from_counter(seeds, np.uint64(7), tokens)
+    got = [sampling.uniform(int(s), 7, int(t)) for s, t in zip(seeds, tokens, strict=True)]
+    assert np.array_equal(np.array(got, np.float32), want), f"KERNEL_TEST_SEED={seed}"
+    top = (np.float32(2**23 - 1) + np.float32(0.5)) / np.float32(2**23)
+    assert top < 1 and np.float32(0.5) / np.float32(2**23) > 0
 
 
 def _argmax_logits(rng) -> np.ndarray:

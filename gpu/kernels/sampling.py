@@ -1,67 +1,120 @@
-"""The sampler on the device: one block per row of logits, per-row parameters, no sort.
+"""The sampler on the device: each row spread over many blocks, a fixed sequence of passes.
 
-It reproduces gpu/sampling/numpy_sampler.py (the numpy twin, `sample`), in vLLM's order:
+It reproduces gpu/sampling/numpy_sampler.py (the numpy twin) row by row: bans and penalties
+from the row's token state (gpu/sampling/token_state.py: uint16 cells, PROMPT_BIT, BAN_BIT and
+an output count), greedy argmax, temperature, min_p, top_k, top_p, Gumbel-max with the
+counter-based uniforms of gpu/sampling/rng.py, and the state's count of the sampled token.
 
-1. banned ids (min_tokens: EOS and stop ids) -> -inf;
-2. penalties on the raw logits, for tokens of the row's history: repetition (seen in prompt or
-   output: positive logits divided, negative multiplied), then frequency * count + presence *
-   (count > 0) subtracted for output tokens. The history is counted first by a small kernel
-   (penalty_counts_kernel: atomics into a [rows, vocab] int32 scratch, prompt tokens flagged by
-   bit 30); the sampler reads each count once and zeroes it again, so the scratch is clean for
-   the next step without a memset;
-3. greedy rows (temperature 0) take the argmax (first index of the maximum);
-4. the rest divide by the temperature, keep finite scores and, with min_p, those with
-   score >= max + log(min_p) (float32, as numpy computes it);
-5. top_k keeps every score >= the k-th largest kept score (ties at the edge all stay). The k-th
-   largest is found without sorting: a binary search over the 2**32 order-preserving integer
-   keys of float32 (bf16.ordered_key) for the largest key with at least k kept scores at or
-   above it — 32 counting passes, exact;
-6. top_p keeps every probability >= t, for the largest t whose kept mass reaches top_p of the
-   total (probabilities renormalised over what steps 4-5 kept, in float32 as numpy does; mass in
-   float64). Again a binary search, over the bits of the positive float32 probabilities: each
-   pass sums the mass at or above a candidate;
-7. Gumbel-max: argmax(score + g) over what is kept, g = -log(-log(u)) with u from the same
-   counter-based integer hash as gpu/sampling/rng.py (splitmix64's finaliser of seed, step and
-   token id), so the CPU and the GPU draw identical uniforms for a request whatever its batch.
+Why many blocks and few passes: a decode step of Llama-3.2-1B at batch 1 takes ~1.1 ms on an
+H100, so sampling at 0.95x greedy speed has ~50 us (batch 1 and 8), ~75 us at batch 64 (1.5 ms
+steps) and ~100 us at batch 256 (2.15 ms steps). One block per row uses 1 SM of 132 at batch
+1, and a binary search of 32 + 32 passes over a 512 KB row (128,256 logits) halved batch-1
+speed with top-p. So every kernel here runs on a grid (rows, chunks) (`chunking`: ~264 blocks
+in all for small batches, down to one or two a row at batch 256, chunks of >= MIN_CHUNK
+logits), and the thresholds are found by radix select in 3 passes each.
 
-Rows that are greedy, or that only have a temperature, read their logits once (steps 1-3 or
-1, 2 and 7 fused in one pass). Truncating rows write their scaled scores back in place and
-re-read them for each search pass (L2-resident: 0.5 MB a row at Llama-3's vocabulary).
-Results may differ from numpy only where float rounding decides a tie at a threshold.
-The logits rows are modified in place (bans, penalties, scaling).
+The passes, each a kernel (always the same eight, shapes from n and V only: no host sync, one
+CUDA graph):
 
-Row parameters live in three device arrays (the executor fills them from pinned staging):
-fparams [6, rows+1] f32: temperature, top_p, min_p, repetition, presence, frequency;
-iparams [4, rows+1] i32: top_k, banned offsets, history offsets, prompt lengths;
-uparams [2, rows] u64: seed, step.
+1. scores_kernel: bans and penalties from the state (spec step 1), greedy argmax or x / T.
+   Greedy rows and temperature-only rows finish here: each block offers its best (value,
+   index) packed into one int64 (ordered key << 31 | (2**31 - 1 - index), so the max is the
+   largest value at the smallest index) by atomic max to the row's slot, and the row's last
+   block (below) writes out / ring and counts the token in the state (step 4). Truncating rows
+   (min_p, top_k or top_p) write their scaled scores back into `logits` and offer their max;
+   the last block stores the max and the min_p bound (score >= max + log(min_p), float32).
+2. radix_count_kernel x 3 (digits of 11, 11, 10 bits): top-k. The k-th largest kept score is
+   found over the order-preserving integer keys of the scaled scores (bf16.ordered_key): each
+   pass counts the kept keys whose higher digits match the prefix found so far into a shared
+   2048-bin histogram, adds it into the row's global histogram, and the last block picks the
+   bin where the count from the top reaches k. After the third digit the key is exact: kth.
+3. radix_mass_kernel x 3: top-p, the same search with masses exp(s - max) of the scores kept
+   by min_p and top_k, in fixed point (int64, MASS_SCALE units: exact and order-independent
+   sums, so every run decides the same way). The first digit's total is the kept mass (the
+   twin's normaliser); the bin where the mass from the top reaches top_p of it holds the cut
+   key K. The probability is monotone in the score, so {p >= t} is an upper set of scores:
+   with t = p(s_K) = float32(exp(s_K - max)) / Z, the final pass keeps every score whose p >= t,
+   ties included, exactly the twin's rule.
+4. gumbel_kernel: Gumbel-max over what the thresholds keep, the last block finishes the row.
+
+Rows a pass has nothing to do for (an inactive phase) return at once: a temperature-only step
+still launches all eight kernels, the last seven of them empty blocks.
+
+Cross-block results use the "last block done" pattern: a block adds its histogram (or offers
+its max) with device atomics, fences, and takes a ticket from the row's counter; the block
+that takes the last ticket reads the row's result with atomic exchanges (which reset the
+histogram and slot for the next pass, and never see a stale L1 line), resets the ticket and
+writes the row's threshold state for the next kernel.
+
+Scratch (SamplerScratch, allocated once by sampler_scratch, ~16 KB a row): the tickets, the
+packed-max slots and the [rows, 2048] int64 histogram, all left zeroed (or -1) by the last
+blocks, and the per-row thresholds (rowf: max, min_p bound, kth, top-p t, Z; rowi: mode,
+prefix, remaining count or mass).
+
+Ties: argmax and Gumbel-max take the smallest index among equal values (np.argmax); top-k and
+top-p keep every score tied at the edge. Results may differ from numpy only where float
+rounding decides a tie at a threshold (GPU expf / logf vs numpy's, the fixed-point masses).
+
+Row parameters: fparams [6, rows+1] f32 (F_*), iparams [3, rows+1] i32 (I_*), uparams [2, rows]
+u64 (U_*); state [max_rows, vocab] uint16.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
-from numba import cuda, float32, float64, int32, uint64
+from numba import cuda, float32, float64, int32, int64, uint16, uint64
 
-from gpu.kernels.bf16 import f32_bits, key_to_f32, ordered_key
-from gpu.kernels.block_reduce import block_argmax, block_sum
-from gpu.kernels.launch import MAX_THREADS, SIMULATOR, device_function, no_ring, threads
+from gpu.kernels.bf16 import key_to_f32, ordered_key
+from gpu.kernels.block_reduce import block_max
+from gpu.kernels.launch import MAX_THREADS, SIMULATOR, cdiv, device_function, no_ring, threads
 from gpu.kernels.pdl import grid_dependency_sync
 from gpu.sampling.rng import MIX1, MIX2, SEED_MUL, STEP_MUL, TOKEN_MUL
 
 NEG_INF = float32(-math.inf)
-PROMPT_BIT = np.int32(1 << 30)
-COUNT_MASK = np.int32((1 << 30) - 1)
+# The token state's cells (gpu/sampling/token_state.py).
+PROMPT_BIT = 0x8000
+BAN_BIT = 0x4000
+COUNT_MASK = 0x3FFF
 F_TEMPERATURE, F_TOP_P, F_MIN_P, F_REPETITION, F_PRESENCE, F_FREQUENCY = range(6)
-I_TOP_K, I_BANNED, I_HISTORY, I_PROMPT_LEN = range(4)
+I_TOP_K, I_STATE_ROW, I_BAN_ACTIVE = range(3)
 U_SEED, U_STEP = range(2)
 
+THREADS = threads(256)
+MIN_CHUNK = 4 * THREADS  # logits a block at least
+TARGET_BLOCKS = 264  # two blocks per SM of an H100 for small batches
+BINS = 2048  # the first two digits have 11 bits, the last 10
+MASS_SCALE = float64(2.0**44)  # fixed-point unit of top-p masses (sums < 2**63 for V < 2**19)
+SLOTS = MAX_THREADS // 32  # block_max's scratch (a slot per warp; 32 threads in the simulator)
+# rowf rows
+R_MAX, R_MIN_BOUND, R_KTH, R_P_T, R_Z = range(5)
+# rowi rows
+R_MODE, R_PREFIX, R_REMAIN = range(3)
+# mode bits
+MODE_TRUNCATE, MODE_TOP_K, MODE_TOP_P = 1, 2, 4
+NONE = -1  # the packed-max slot's empty value
+
+_STATE = "uint16[:, ::1]"
+_SCRATCH = "int32[::1], int64[::1], float32[:, ::1], int64[:, ::1]"
 SIGNATURES = {
-    "sample_kernel": [
-        "void(float32[:, ::1], float32[:, ::1], int32[:, ::1], uint64[:, ::1], int32[::1],"
-        " int32[:, ::1], int32[::1], int32[:, ::1], int32[::1])"
+    "scores_kernel": [
+        "void(float32[:, ::1], int64, float32[:, ::1], int32[:, ::1], uint64[:, ::1],"
+        f" {_STATE}, {_SCRATCH}, int32[::1], int32[:, ::1], int32[::1])"
     ],
-    "penalty_counts_kernel": ["void(int32[::1], int32[:, ::1], int32[:, ::1])"],
+    "radix_count_kernel": [
+        "void(float32[:, ::1], int64, int64, int32[:, ::1], float32[:, ::1],"
+        " int32[::1], int64[:, ::1], float32[:, ::1], int64[:, ::1])"
+    ],
+    "radix_mass_kernel": [
+        "void(float32[:, ::1], int64, int64, int32[:, ::1], float32[:, ::1],"
+        " int32[::1], int64[:, ::1], float32[:, ::1], int64[:, ::1])"
+    ],
+    "gumbel_kernel": [
+        "void(float32[:, ::1], int64, int32[:, ::1], uint64[:, ::1],"
+        f" {_STATE}, {_SCRATCH}, int32[::1], int32[:, ::1], int32[::1])"
+    ],
 }
 
 if SIMULATOR:
@@ -76,20 +129,21 @@ if SIMULATOR:
         x ^= x >> 27
         x = (x * int(MIX2)) & _MASK64
         x ^= x >> 31
-        return (np.float32(x >> 40) + np.float32(0.5)) / np.float32(2**24)
+        return (np.float32(x >> 41) + np.float32(0.5)) / np.float32(2**23)
 
 else:
 
     @device_function
     def uniform(seed, step, token):
-        """rng.uniform_from_counter for one token: uint64 arithmetic wraps as numpy's does."""
+        """rng.uniform_from_counter for one token: uint64 arithmetic wraps as numpy's does; 23
+        bits plus one half over 2**23, exact in float32, so never 0 or 1."""
         x = seed * SEED_MUL + step * STEP_MUL + uint64(token) * TOKEN_MUL
         x ^= x >> uint64(30)
         x *= MIX1
         x ^= x >> uint64(27)
         x *= MIX2
         x ^= x >> uint64(31)
-        return (float32(x >> uint64(40)) + float32(0.5)) / float32(16777216.0)
+        return (float32(x >> uint64(41)) + float32(0.5)) / float32(8388608.0)
 
 
 @device_function
@@ -99,39 +153,82 @@ def gumbel(seed, step, token):
 
 
 @device_function
+def finite(x):
+    return x > NEG_INF and x < -NEG_INF
+
+
+@device_function
 def kept(x, min_bound, kth):
-    """Steps 4-5: a finite score above the min_p bound and the top-k threshold."""
-    return x > NEG_INF and x < -NEG_INF and x >= min_bound and x >= kth
+    """A finite score above the min_p bound and the top-k threshold."""
+    return finite(x) and x >= min_bound and x >= kth
+
+
+@device_function
+def pack(x, v):
+    """(value, index) as one non-negative int64 whose max is the largest value at the smallest
+    index (index < 2**31)."""
+    return (int64(ordered_key(x)) << 31) | int64(0x7FFFFFFF - v)
+
+
+@device_function
+def packed_index(packed):
+    """The index of a packed max; 0 for an empty slot (np.argmax of nothing kept)."""
+    if packed < 0:
+        return int32(0)
+    return int32(0x7FFFFFFF - (packed & 0x7FFFFFFF))
+
+
+@device_function
+def apply_state(x, cell, ban, repetition, presence, frequency):
+    """Spec step 1 on one logit with its state cell (an int32 of the uint16)."""
+    if ban and (cell & BAN_BIT) != 0:
+        x = NEG_INF
+    c = cell & COUNT_MASK
+    if repetition != 1 and ((cell & PROMPT_BIT) != 0 or c > 0):
+        x = x / repetition if x > 0 else x * repetition
+    n = float32(c)
+    return x - (frequency * n + presence * (float32(1.0) if c > 0 else float32(0.0)))
+
+
+@device_function
+def last_block(ticket, row, flag):
+    """Take the row's ticket after this block's results are out (every thread calls it);
+    True in the block that takes the last ticket, which then resets the counter."""
+    cuda.syncthreads()
+    if cuda.threadIdx.x == 0:
+        cuda.threadfence()
+        flag[0] = int32(cuda.atomic.add(ticket, row, int32(1)) == cuda.gridDim.y - 1)
+        if flag[0]:
+            ticket[row] = 0
+            cuda.threadfence()
+    cuda.syncthreads()
+    return flag[0] != 0
+
+
+@device_function
+def finish_row(row, packed, state_row, state, out, ring, ring_slot):
+    """The row's token (from its packed max) to out and the host ring; spec step 4."""
+    tok = packed_index(packed)
+    out[row] = tok
+    ring[ring_slot[0], row] = tok
+    if state_row >= 0:
+        cell = int32(state[state_row, tok])
+        if (cell & COUNT_MASK) < COUNT_MASK:
+            state[state_row, tok] = uint16(cell + 1)
 
 
 @cuda.jit(cache=True)
-def penalty_counts_kernel(history, iparams, counts):
-    """counts[row, tok] += 1 per output occurrence; |= PROMPT_BIT for prompt tokens."""
+def scores_kernel(
+    logits, chunk_len, fparams, iparams, uparams, state, ticket, best, rowf, rowi, out, ring,
+    ring_slot,
+):  # fmt: skip
     grid_dependency_sync()
-    row = cuda.blockIdx.x
-    vocab = counts.shape[1]
-    start = iparams[I_HISTORY, row]
-    end = iparams[I_HISTORY, row + 1]
-    prompt_len = iparams[I_PROMPT_LEN, row]
-    for i in range(start + cuda.threadIdx.x, end, cuda.blockDim.x):
-        tok = history[i]
-        if tok >= 0 and tok < vocab:
-            if i - start < prompt_len:
-                cuda.atomic.or_(counts, (row, tok), PROMPT_BIT)
-            else:
-                cuda.atomic.add(counts, (row, tok), int32(1))
-
-
-@cuda.jit(cache=True)
-def sample_kernel(logits, fparams, iparams, uparams, banned, counts, out, ring, ring_slot):
-    grid_dependency_sync()
-    fbuf = cuda.shared.array(MAX_THREADS, float32)
-    ibuf = cuda.shared.array(MAX_THREADS, int32)
-    dbuf = cuda.shared.array(MAX_THREADS, float64)
+    buf = cuda.shared.array(SLOTS, int64)
+    flag = cuda.shared.array(1, int32)
     row = cuda.blockIdx.x
     tid = cuda.threadIdx.x
-    nt = cuda.blockDim.x
-    vocab = logits.shape[1]
+    start = cuda.blockIdx.y * chunk_len
+    end = min(start + chunk_len, logits.shape[1])
     temperature = fparams[F_TEMPERATURE, row]
     top_p = fparams[F_TOP_P, row]
     min_p = fparams[F_MIN_P, row]
@@ -139,145 +236,271 @@ def sample_kernel(logits, fparams, iparams, uparams, banned, counts, out, ring, 
     presence = fparams[F_PRESENCE, row]
     frequency = fparams[F_FREQUENCY, row]
     top_k = iparams[I_TOP_K, row]
+    state_row = iparams[I_STATE_ROW, row]
+    ban = iparams[I_BAN_ACTIVE, row] != 0
     seed = uparams[U_SEED, row]
     step = uparams[U_STEP, row]
-
-    # 1. banned ids
-    for i in range(iparams[I_BANNED, row] + tid, iparams[I_BANNED, row + 1], nt):
-        tok = banned[i]
-        if tok >= 0 and tok < vocab:
-            logits[row, tok] = NEG_INF
-    cuda.syncthreads()
-
-    use_counts = iparams[I_HISTORY, row + 1] > iparams[I_HISTORY, row]
     greedy = temperature == 0
-    truncate = min_p > 0 or top_k > 0 or top_p < 1
-    one_pass = greedy or not truncate
+    truncate = not greedy and (min_p > 0 or top_k > 0 or top_p < 1)
 
-    # 2-3 (and 7 for temperature-only rows): one pass over the row.
-    best = NEG_INF
-    best_i = -1
-    for v in range(tid, vocab, nt):
+    cand = int64(NONE)
+    for v in range(start + tid, end, cuda.blockDim.x):
         x = logits[row, v]
-        if use_counts:
-            c = counts[row, v]
-            if c != 0:
-                counts[row, v] = 0
-                if repetition != 1:
-                    x = x / repetition if x > 0 else x * repetition
-                n = float32(c & COUNT_MASK)
-                x = x - (frequency * n + presence * (float32(1.0) if n > 0 else float32(0.0)))
+        if state_row >= 0:
+            x = apply_state(x, int32(state[state_row, v]), ban, repetition, presence, frequency)
         if not greedy:
             x = x / temperature
             if truncate:
                 logits[row, v] = x
-            elif kept(x, NEG_INF, NEG_INF):
+            elif finite(x):
                 x = x + gumbel(seed, step, v)
+        if greedy or finite(x):
+            cand = max(cand, pack(x, v))
+    cand = block_max(buf, cand)
+    if tid == 0 and cand >= 0:
+        cuda.atomic.max(best, row, cand)
+    if last_block(ticket, row, flag) and tid == 0:
+        packed = cuda.atomic.exch(best, row, int64(NONE))
+        if not truncate:
+            rowi[R_MODE, row] = 0
+            finish_row(row, packed, state_row, state, out, ring, ring_slot)
+        else:
+            top = key_to_f32(packed >> 31) if packed >= 0 else NEG_INF
+            rowf[R_MAX, row] = top
+            rowf[R_MIN_BOUND, row] = top + float32(math.log(min_p)) if min_p > 0 else NEG_INF
+            rowf[R_KTH, row] = NEG_INF
+            rowf[R_P_T, row] = 0
+            rowf[R_Z, row] = 1
+            mode = MODE_TRUNCATE
+            if top_k > 0:
+                mode |= MODE_TOP_K
+            if top_p < 1:
+                mode |= MODE_TOP_P
+            rowi[R_MODE, row] = mode
+            rowi[R_PREFIX, row] = 0
+            rowi[R_REMAIN, row] = 0
+
+
+@device_function
+def inclusive_scan(scan, value):
+    """Hillis-Steele inclusive prefix sum over the block (scan: shared, blockDim.x slots)."""
+    tid = cuda.threadIdx.x
+    scan[tid] = value
+    cuda.syncthreads()
+    offset = 1
+    while offset < cuda.blockDim.x:
+        other = scan[tid - offset] if tid >= offset else int64(0)
+        cuda.syncthreads()
+        scan[tid] += other
+        cuda.syncthreads()
+        offset *= 2
+    return scan[tid]
+
+
+def _radix_kernel(use_mass: bool):
+    """One digit of the top-k (counts) or top-p (masses) radix select; see the docstring."""
+    phase = MODE_TOP_P if use_mass else MODE_TOP_K
+
+    def kernel(logits, chunk_len, digit, iparams, fparams, ticket, hist, rowf, rowi):
+        grid_dependency_sync()
+        row = cuda.blockIdx.x
+        mode = rowi[R_MODE, row]
+        if (mode & phase) == 0:
+            return
+        hs = cuda.shared.array(BINS, int64)
+        scan = cuda.shared.array(MAX_THREADS, int64)
+        sel = cuda.shared.array(2, int64)
+        flag = cuda.shared.array(1, int32)
+        tid = cuda.threadIdx.x
+        nt = cuda.blockDim.x
+        high = 32 - 11 * digit  # the digit is bits [shift, high) of the key
+        shift = max(high - 11, 0)
+        bins = 1 << (high - shift)
+        high_mask = ((0xFFFFFFFF >> high) << high) if high < 32 else 0
+        prefix = rowi[R_PREFIX, row] if digit > 0 else int64(0)
+        top = rowf[R_MAX, row]
+        min_bound = rowf[R_MIN_BOUND, row]
+        kth = rowf[R_KTH, row]
+        for b in range(tid, bins, nt):
+            hs[b] = 0
+        cuda.syncthreads()
+        start = cuda.blockIdx.y * chunk_len
+        end = min(start + chunk_len, logits.shape[1])
+        for v in range(start + tid, end, nt):
+            x = logits[row, v]
+            if kept(x, min_bound, kth):
+                key = int64(ordered_key(x))
+                if (key & high_mask) == prefix:
+                    if use_mass:
+                        weight = int64(float64(float32(math.exp(x - top))) * MASS_SCALE + 0.5)
+                    else:
+                        weight = int64(1)
+                    cuda.atomic.add(hs, (key >> shift) & (bins - 1), weight)
+        cuda.syncthreads()
+        for b in range(tid, bins, nt):
+            if hs[b] != 0:
+                cuda.atomic.add(hist, (row, b), hs[b])
+        if not last_block(ticket, row, flag):
+            return
+        # The row's histogram, read and zeroed for the next pass.
+        for b in range(tid, bins, nt):
+            hs[b] = cuda.atomic.exch(hist, (row, b), int64(0))
+        cuda.syncthreads()
+        # Thread t sums `per` bins from the top down; the scan gives each its mass above.
+        per = bins // nt
+        first = tid * per
+        mine = int64(0)
+        for j in range(first, first + per):
+            mine += hs[bins - 1 - j]
+        upto = inclusive_scan(scan, mine)
+        total = scan[nt - 1]
+        if digit == 0:
+            if use_mass:
+                remain = max(int64(math.ceil(float64(fparams[F_TOP_P, row]) * total)), 1)
             else:
-                x = NEG_INF
-        if best_i < 0 or x > best:
-            best = x
-            best_i = v
-    best, best_i = block_argmax(fbuf, ibuf, best, best_i)
-    if one_pass:
+                remain = int64(iparams[I_TOP_K, row])
+        else:
+            remain = rowi[R_REMAIN, row]
         if tid == 0:
-            out[row] = best_i
-            ring[ring_slot[0], row] = best_i
-        return
-
-    top = best
-    # 4. min_p: p >= min_p * p_max  <=>  score >= max + log(min_p)
-    min_bound = NEG_INF
-    if min_p > 0:
-        min_bound = top + float32(math.log(min_p))
-    # 5. top_k: the k-th largest kept score, by binary search over order-preserving keys.
-    kth = NEG_INF
-    if top_k > 0:
-        count = 0
-        for v in range(tid, vocab, nt):
-            if kept(logits[row, v], min_bound, NEG_INF):
-                count += 1
-        num_kept = block_sum(ibuf, count)
-        if top_k < num_kept:
-            lo = 0  # invariant: >= top_k kept keys at or above lo, fewer at or above hi
-            hi = 1 << 32
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                count = 0
-                for v in range(tid, vocab, nt):
-                    x = logits[row, v]
-                    if kept(x, min_bound, NEG_INF) and ordered_key(x) >= mid:
-                        count += 1
-                if block_sum(ibuf, count) >= top_k:
-                    lo = mid
-                else:
-                    hi = mid
-            kth = key_to_f32(lo)
-    # 6. top_p: the largest probability t whose kept mass {p >= t} reaches top_p.
-    p_key = 0
-    z = float32(1.0)
-    if top_p < 1:
-        part = float32(0.0)
-        for v in range(tid, vocab, nt):
-            x = logits[row, v]
-            if kept(x, min_bound, kth):
-                part += math.exp(x - top)
-        z = block_sum(fbuf, part)
-        mass = float64(0.0)
-        for v in range(tid, vocab, nt):
-            x = logits[row, v]
-            if kept(x, min_bound, kth):
-                mass += float64(float32(math.exp(x - top)) / z)
-        target = max(float64(top_p) * block_sum(dbuf, mass), 1e-300)
-        lo = 0  # invariant: mass at or above key lo >= target, at or above hi < target
-        hi = 0x7F800000
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            mass = float64(0.0)
-            for v in range(tid, vocab, nt):
-                x = logits[row, v]
-                if kept(x, min_bound, kth):
-                    p = float32(math.exp(x - top)) / z
-                    if f32_bits(p) >= mid:
-                        mass += float64(p)
-            if block_sum(dbuf, mass) >= target:
-                lo = mid
+            sel[0] = -1
+        cuda.syncthreads()
+        if upto - mine < remain and remain <= upto:
+            run = upto - mine
+            for j in range(first, first + per):
+                weight = hs[bins - 1 - j]
+                if run + weight >= remain:
+                    sel[0] = bins - 1 - j
+                    sel[1] = run
+                    break
+                run += weight
+        cuda.syncthreads()
+        if tid != 0:
+            return
+        if digit == 0 and use_mass:
+            rowf[R_Z, row] = float32(float64(total) / MASS_SCALE)
+        done = sel[0] < 0 or (digit == 0 and not use_mass and total <= remain)
+        if done:  # nothing to cut: all the kept scores stay
+            rowi[R_MODE, row] = mode & ~phase
+            return
+        prefix |= sel[0] << shift
+        rowi[R_PREFIX, row] = prefix
+        rowi[R_REMAIN, row] = remain - sel[1]
+        if shift == 0:
+            rowi[R_MODE, row] = mode & ~phase
+            cut = key_to_f32(prefix)
+            if use_mass:
+                rowf[R_P_T, row] = float32(math.exp(cut - top)) / rowf[R_Z, row]
             else:
-                hi = mid
-        p_key = lo
-    # 7. Gumbel-max over what is kept.
-    best = NEG_INF
-    best_i = -1
-    for v in range(tid, vocab, nt):
+                rowf[R_KTH, row] = cut
+
+    kernel.__name__ = kernel.__qualname__ = (
+        "radix_mass_kernel" if use_mass else "radix_count_kernel"
+    )
+    return cuda.jit(cache=True)(kernel)
+
+
+radix_count_kernel = _radix_kernel(False)
+radix_mass_kernel = _radix_kernel(True)
+
+
+@cuda.jit(cache=True)
+def gumbel_kernel(
+    logits, chunk_len, iparams, uparams, state, ticket, best, rowf, rowi, out, ring, ring_slot
+):
+    grid_dependency_sync()
+    row = cuda.blockIdx.x
+    if (rowi[R_MODE, row] & MODE_TRUNCATE) == 0:
+        return
+    buf = cuda.shared.array(SLOTS, int64)
+    flag = cuda.shared.array(1, int32)
+    tid = cuda.threadIdx.x
+    seed = uparams[U_SEED, row]
+    step = uparams[U_STEP, row]
+    top = rowf[R_MAX, row]
+    min_bound = rowf[R_MIN_BOUND, row]
+    kth = rowf[R_KTH, row]
+    p_t = rowf[R_P_T, row]
+    z = rowf[R_Z, row]
+    start = cuda.blockIdx.y * chunk_len
+    end = min(start + chunk_len, logits.shape[1])
+    cand = int64(NONE)
+    for v in range(start + tid, end, cuda.blockDim.x):
         x = logits[row, v]
-        if kept(x, min_bound, kth) and (
-            top_p >= 1 or f32_bits(float32(math.exp(x - top)) / z) >= p_key
-        ):
-            x = x + gumbel(seed, step, v)
-            if best_i < 0 or x > best:
-                best = x
-                best_i = v
-    best, best_i = block_argmax(fbuf, ibuf, best, best_i)
-    if tid == 0:
-        out[row] = best_i
-        ring[ring_slot[0], row] = best_i
+        if kept(x, min_bound, kth) and (p_t == 0 or float32(math.exp(x - top)) / z >= p_t):
+            cand = max(cand, pack(x + gumbel(seed, step, v), v))
+    cand = block_max(buf, cand)
+    if tid == 0 and cand >= 0:
+        cuda.atomic.max(best, row, cand)
+    if last_block(ticket, row, flag) and tid == 0:
+        packed = cuda.atomic.exch(best, row, int64(NONE))
+        finish_row(row, packed, iparams[I_STATE_ROW, row], state, out, ring, ring_slot)
 
 
-def penalty_counts(history, iparams, counts, num_rows: int, stream=0) -> None:
-    """Count each row's token history into counts [rows, V] (which must start zeroed)."""
-    if num_rows:
-        penalty_counts_kernel[num_rows, threads(256), stream](history, iparams, counts)
+@dataclass
+class SamplerScratch:
+    """Every device buffer the sampler's passes need (see the module docstring)."""
+
+    ticket: object  # int32 [max_rows]: blocks of the row done with the current pass
+    best: object  # int64 [max_rows]: the packed max of the current pass (NONE when idle)
+    rowf: object  # float32 [5, max_rows]: R_MAX, R_MIN_BOUND, R_KTH, R_P_T, R_Z
+    rowi: object  # int64 [3, max_rows]: R_MODE, R_PREFIX, R_REMAIN
+    hist: object  # int64 [max_rows, BINS]: the row's radix histogram (zero when idle)
+    max_rows: int
+    vocab: int
+
+
+def sampler_scratch(max_rows: int, vocab: int, stream=0) -> SamplerScratch:
+    """The sampler's scratch for up to max_rows rows of vocab logits (16.1 KB a row)."""
+    if vocab >= 2**19:
+        raise ValueError("the fixed-point top-p masses hold vocabularies under 2**19")
+    rows = max(max_rows, 1)
+    return SamplerScratch(
+        ticket=cuda.to_device(np.zeros(rows, np.int32), stream=stream),
+        best=cuda.to_device(np.full(rows, NONE, np.int64), stream=stream),
+        rowf=cuda.to_device(np.zeros((5, rows), np.float32), stream=stream),
+        rowi=cuda.to_device(np.zeros((3, rows), np.int64), stream=stream),
+        hist=cuda.to_device(np.zeros((rows, BINS), np.int64), stream=stream),
+        max_rows=max_rows,
+        vocab=vocab,
+    )
+
+
+def chunking(rows: int, vocab: int) -> tuple[int, int]:
+    """(chunks a row, logits a chunk): about TARGET_BLOCKS blocks in all, at least one a row,
+    chunks of at least MIN_CHUNK logits, a multiple of the block's threads."""
+    chunks = max(1, min(cdiv(vocab, MIN_CHUNK), cdiv(TARGET_BLOCKS, rows)))
+    chunk_len = cdiv(cdiv(vocab, chunks), THREADS) * THREADS
+    return cdiv(vocab, chunk_len), chunk_len
 
 
 def sample(
-    logits, fparams, iparams, uparams, banned, counts, out, stream=0, ring=None, ring_slot=None
-) -> None:
-    """out[r] = the token sampled from logits[r] (modified in place) with row r's parameters;
-    the same ids into ring[ring_slot[0]] where a ring is given (the host's mapped copy, as in
-    argmax.py)."""
+    logits, fparams, iparams, uparams, state, scratch: SamplerScratch, out, stream=0, ring=None,
+    ring_slot=None,
+) -> None:  # fmt: skip
+    """out[r] = the token sampled from logits[r] (float32 [n, V], modified in place) with row
+    r's parameters, the same ids into ring[ring_slot[0]] where a ring is given (the host's
+    mapped copy, as in argmax.py), and each sampled token counted in its state row. Eight
+    launches, no allocation, no sync: capturable into a CUDA graph."""
+    rows, vocab = logits.shape
     if ring is None:
         ring, ring_slot = no_ring(out)
-    if logits.shape[0]:
-        sample_kernel[logits.shape[0], threads(1024), stream](
-            logits, fparams, iparams, uparams, banned, counts, out, ring, ring_slot
-        )
+    if rows == 0:
+        return
+    if rows > scratch.max_rows or vocab != scratch.vocab:
+        raise ValueError(f"scratch for {scratch.max_rows} x {scratch.vocab}, not {rows} x {vocab}")
+    chunks, chunk_len = chunking(rows, vocab)
+    grid = (rows, chunks)
+    s = scratch
+    scores_kernel[grid, THREADS, stream](
+        logits, chunk_len, fparams, iparams, uparams, state, s.ticket, s.best, s.rowf, s.rowi,
+        out, ring, ring_slot,
+    )  # fmt: skip
+    for kernel in (radix_count_kernel, radix_mass_kernel):
+        for digit in range(3):
+            kernel[grid, THREADS, stream](
+                logits, chunk_len, digit, iparams, fparams, s.ticket, s.hist, s.rowf, s.rowi
+            )
+    gumbel_kernel[grid, THREADS, stream](
+        logits, chunk_len, iparams, uparams, state, s.ticket, s.best, s.rowf, s.rowi, out, ring,
+        ring_slot,
+    )  # fmt: skip
