@@ -245,6 +245,7 @@ def cmd_history(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from gpu.bench import run_bench
 
+    args.progress = ProgressPrinter()  # the engine build's bar (kernels compiling, ...)
     return run_bench(args)
 
 

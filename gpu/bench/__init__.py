@@ -101,7 +101,8 @@ def _build(args: argparse.Namespace):
         from gpu.loader import create_engine
 
         t0 = time.perf_counter()
-        engine = create_engine(args.model, args.device, cfg)
+        engine = create_engine(args.model, args.device, cfg, progress=_progress(args))
+        _progress_done(args)
         return engine, None, args.model or "default", time.perf_counter() - t0
     from gpu.backends import get_backend
     from gpu.loader import build_engine
@@ -118,8 +119,23 @@ def _build(args: argparse.Namespace):
         get_backend(args.device),
         cfg,
         model_name=f"{args.config} (random bf16 weights)",
+        progress=_progress(args),
     )
+    _progress_done(args)
     return engine, tensors, args.config, time.perf_counter() - t0
+
+
+def _progress(args: argparse.Namespace):
+    """The engine build's progress display the command line hands over (`tinychat bench`
+    draws a bar on stderr), or None."""
+    return getattr(args, "progress", None)
+
+
+def _progress_done(args: argparse.Namespace) -> None:
+    """End the progress display's line before the bench prints its own."""
+    finish = getattr(_progress(args), "finish", None)
+    if finish is not None:
+        finish()
 
 
 def _ceilings(engine):
