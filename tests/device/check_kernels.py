@@ -23,6 +23,7 @@ from gpu.presets import preset_config
 from gpu.rope import rope_cos_sin
 from gpu.sampling import SamplingMetadata
 from gpu.sampling.numpy_sampler import sample as numpy_sample
+from gpu.sampling.token_state import new_state, row_state, write_states
 
 CFG = preset_config("llama-3.2-1b")
 H, INTER, V = CFG.hidden_size, CFG.intermediate_size, CFG.vocab_size
@@ -222,14 +223,23 @@ def sampler_case() -> dict:
     md.presence_penalty = np.where(kind == 5, 0.2, 0.0).astype(np.float32)
     md.seed = rng.integers(0, 2**63, rows).astype(np.uint64)
     md.step = rng.integers(0, 500, rows).astype(np.uint64)
-    md.prompt_token_ids = [rng.integers(0, V, 300).astype(np.int32) for _ in range(rows)]
-    md.output_token_ids = [rng.integers(0, V, 100).astype(np.int32) for _ in range(rows)]
-    md.banned_token_ids = [(128001, 128009) if r % 3 == 0 else () for r in range(rows)]
+    # Token state (penalties, bans): rows of kind 5 and every third row, in reversed rows.
+    stateful = (kind == 5) | (np.arange(rows) % 3 == 0)
+    md.state_rows = np.where(stateful, rows - 1 - np.arange(rows), -1).astype(np.int32)
+    md.ban_active = (np.arange(rows) % 3 == 0).astype(np.int32)
+    md.state_writes = [
+        (int(md.state_rows[r]), *row_state(
+            rng.integers(0, V, 300), rng.integers(0, V, 100), (128001, 128009), V
+        ))
+        for r in np.nonzero(stateful)[0]
+    ]  # fmt: skip
+    state = new_state(rows, V)
+    write_states(state, md.state_writes)
     sampler = DeviceSampler(rows, V, stream)
     t0 = time.perf_counter()
     got = sampler.sample(dev(logits), md)
     first_s = time.perf_counter() - t0
-    want = numpy_sample(logits, md)
+    want = numpy_sample(logits, md, state)
     mismatch = np.nonzero(got != want)[0]
     d_logits = dev(logits)
     md_plain = SamplingMetadata.greedy(rows)
@@ -242,7 +252,7 @@ def sampler_case() -> dict:
         "mismatch_rows_kind": [int(kind[r]) for r in mismatch[:10]],
         "first_call_s": round(first_s, 2),
         "greedy_256_rows_us": round(greedy_us, 1),
-        "counts_clean": not sampler.counts.copy_to_host().any(),
+        "state_matches": bool(np.array_equal(sampler.state.copy_to_host(), state)),
     }
 
 
