@@ -166,8 +166,8 @@ def run_bench(args: argparse.Namespace) -> int:
     if "startup" in chosen:  # before this process takes the device's memory
         from gpu.bench.startup import measure_startup
 
-        results["device"] = args.device
         results["startup"] = measure_startup(args)
+        results["device"] = results["startup"]["cold"]["device"]
         if set(chosen) <= {"startup", "scheduler"}:
             _save(results, args.json_path)
             print_table(results)
