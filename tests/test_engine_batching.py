@@ -3,6 +3,8 @@ preemption and aborts that give every block back."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from engine_helpers import random_prompts, tiny_engine
 
@@ -42,6 +44,23 @@ def test_greedy_outputs_do_not_depend_on_the_batch():
     assert together == alone
     assert len({tuple(t) for t in alone}) == len(prompts)  # outputs really differ by prompt
     assert engine.block_manager.num_used_blocks == 0
+
+
+def test_penalties_and_bans_do_not_depend_on_the_batch():
+    """Each sequence's token state is its own row, whatever shares the step, and rows passed
+    from sequence to sequence (max_num_seqs 3, eight requests) start from their new owner's
+    history."""
+    prompts = random_prompts(8, seed=2, low=5, high=50)
+    params = SamplingParams(
+        temperature=0, max_tokens=20, min_tokens=8, repetition_penalty=1.4,
+        frequency_penalty=0.6, stop_token_ids=[32],
+    )  # fmt: skip
+    alone = run_alone(prompts, params)
+    engine = tiny_engine(max_num_batched_tokens=11, max_num_seqs=3)
+    assert run_staggered(engine, prompts, params) == alone
+    plain = dataclasses.replace(params, repetition_penalty=1.0, frequency_penalty=0.0)
+    assert run_alone(prompts, plain) != alone  # the penalties mattered
+    assert engine.num_drains == 0
 
 
 def test_chunked_prefill_interleaves_with_decodes():
