@@ -429,10 +429,16 @@ class CudaExecutor:
         """Compile (or load from the disk cache) every kernel of warm_up_steps now, before the
         engine reports ready, so that no reply waits for a compile (precompile.py); returns
         its PrecompileReport, also kept as `precompile_report` (None in the simulator, which
-        compiles nothing)."""
+        compiles nothing). The steps run over the first layer alone: every layer launches the
+        same kernels with the same argument types, and discovery costs Python time per launch."""
         self.precompile_report = None
         if not SIMULATOR:
             from gpu.backends.cuda.precompile import precompile
 
-            self.precompile_report = precompile(self.backend, self.warm_up_steps(), progress)
+            weights = self.model.weights
+            layers, weights.layers = weights.layers, weights.layers[:1]
+            try:
+                self.precompile_report = precompile(self.backend, self.warm_up_steps(), progress)
+            finally:
+                weights.layers = layers
         return self.precompile_report
