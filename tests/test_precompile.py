@@ -50,6 +50,10 @@ CACHE_PATHS = """
     from numba.core import config
     from gpu.kernels import embedding, gemv
     kernel = gemv.gemv_kernel(512, 1, 8, 256, "rmsnorm", "rope")  # a factory's kernel
+    from gpu.kernels.compile_cache import kernel_sources_hash
+    kernels = (embedding.embedding_kernel, kernel)
+    stamps = [k._cache._impl.locator.get_source_stamp() for k in kernels]
+    assert stamps == [kernel_sources_hash()] * 2, stamps
     print(json.dumps([config.CACHE_DIR, embedding.embedding_kernel._cache._cache_path,
                       kernel._cache._cache_path]))
 """
@@ -58,12 +62,13 @@ CACHE_PATHS = """
 @pytest.mark.parametrize("numba_first", [False, True])
 def test_kernel_cache_lives_under_tinychat_home(tmp_path, numba_first):
     """With numba imported before the kernels or not, every kernel's cache is in
-    $TINYCHAT_HOME/numba-cache (a new venv over the same home finds it)."""
+    $TINYCHAT_HOME/numba-cache/gpu-kernels whatever the install path (a new venv over the same
+    home finds it), stamped with the hash of the kernel sources."""
     home = tmp_path / "home"
     script = CACHE_PATHS.format(first="\n    import numba.cuda" if numba_first else "")
     config_dir, *kernel_dirs = _run(script, TINYCHAT_HOME=str(home), NUMBA_CACHE_DIR=None)
     assert config_dir == str(home / "numba-cache")
-    assert all(Path(d).parent == home / "numba-cache" for d in kernel_dirs), kernel_dirs
+    assert kernel_dirs == [str(home / "numba-cache" / "gpu-kernels")] * 2
 
 
 def test_a_users_numba_cache_dir_wins(tmp_path):
@@ -73,8 +78,20 @@ def test_a_users_numba_cache_dir_wins(tmp_path):
         NUMBA_CACHE_DIR=str(mine),
     )  # fmt: skip
     assert config_dir == str(mine)
-    assert all(Path(d).parent == mine for d in kernel_dirs)
+    assert kernel_dirs == [str(mine / "gpu-kernels")] * 2
     assert not (tmp_path / "home" / "numba-cache").exists()
+
+
+def test_the_stamp_changes_with_any_kernel_source(tmp_path):
+    """An edit to any file of gpu/kernels (a helper included) gives a new stamp."""
+    from gpu.kernels.compile_cache import kernel_sources_hash
+
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "helper.py").write_text("y = 2\n")
+    before = kernel_sources_hash.__wrapped__(tmp_path)
+    assert kernel_sources_hash.__wrapped__(tmp_path) == before
+    (tmp_path / "helper.py").write_text("y = 3\n")
+    assert kernel_sources_hash.__wrapped__(tmp_path) != before
 
 
 DISCOVER = """

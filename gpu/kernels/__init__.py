@@ -34,8 +34,8 @@ larger steps (prefill, big decode batches) are not here: they go through cuBLAS
 Kernels compile on first use (once per process per argument types) and are cached on disk
 (`cache=True`) in the folder compile_cache.py sets up, before any kernel module is imported
 (here); the cuda executor compiles every kernel a reply can need before the engine is ready
-(gpu/backends/cuda/precompile.py). Numba keys that cache on the kernel's own file only: after
-editing a helper they import (bf16.py, block_reduce.py, pdl.py), clear that folder.
+(gpu/backends/cuda/precompile.py). The cache is stamped with a hash of every file here, so an
+edit to a helper (bf16.py, block_reduce.py, pdl.py) recompiles the kernels that import it.
 """
 
 from gpu.kernels.compile_cache import use_cache_dir

@@ -15,19 +15,27 @@ imported; gpu/kernels/__init__.py calls it. Setting the variable (rather than on
 attribute) also hands the folder to the compile workers (gpu/backends/cuda/precompile.py),
 which inherit the environment.
 
-The cache is keyed by each kernel file's path, modification time and size (and Numba's own
-version): it survives a new venv over the same source tree (`pip install -e .`); a copy of the
-package installed elsewhere compiles once more, into the same folder.
+Numba's own locator keys a kernel's cache on its file's path, modification time and size: a
+package installed at a new path (a new venv) would miss it, and a kernel whose helper changed
+(bf16.py, block_reduce.py, pdl.py) would load stale code, since only its own file is stamped.
+So gpu/kernels' kernels get a locator of their own (KernelSourceLocator, first in line): one
+folder, `<cache>/gpu-kernels`, whatever the install path, stamped with a hash of every source
+file of gpu/kernels. Any edit there invalidates every kernel (Numba then compiles and
+overwrites); the same sources anywhere find their kernels.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 import sys
 from pathlib import Path
 
 CACHE_ENV = "NUMBA_CACHE_DIR"
 CACHE_SUBDIR = "numba-cache"
+KERNELS_DIR = Path(__file__).resolve().parent
+KERNELS_SUBDIR = "gpu-kernels"
 
 
 def default_cache_dir() -> Path:
@@ -47,4 +55,49 @@ def use_cache_dir() -> str:
 
         if config.CACHE_DIR != folder:
             config.reload_config()
+    _install_locator()
     return folder
+
+
+@functools.cache
+def kernel_sources_hash(folder: Path = KERNELS_DIR) -> str:
+    """sha256 over the names and bytes of every .py file of `folder` (gpu/kernels)."""
+    digest = hashlib.sha256()
+    for path in sorted(folder.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _install_locator() -> None:
+    """Put KernelSourceLocator first among the CUDA cache's locators (once; not in the
+    simulator, which caches nothing)."""
+    from numba.core import config
+
+    if config.ENABLE_CUDASIM:
+        return
+    from numba.cuda.core.caching import _UserProvidedCacheLocator
+    from numba.cuda.dispatcher import CUDACacheImpl
+
+    if any(getattr(c, "tinychat_kernels", False) for c in CUDACacheImpl._locator_classes):
+        return
+
+    class KernelSourceLocator(_UserProvidedCacheLocator):
+        """gpu/kernels' kernels: `<NUMBA_CACHE_DIR>/gpu-kernels`, stamped with the hash of
+        every kernel source file (see the module's docstring)."""
+
+        tinychat_kernels = True
+
+        def __init__(self, py_func, py_file) -> None:
+            super().__init__(py_func, py_file)
+            self._cache_path = os.path.join(config.CACHE_DIR, KERNELS_SUBDIR)
+
+        def get_source_stamp(self) -> str:
+            return kernel_sources_hash()
+
+        @classmethod
+        def from_function(cls, py_func, py_file):
+            if Path(py_file).resolve().parent != KERNELS_DIR:
+                return None  # not one of ours: Numba's own locators decide
+            return super().from_function(py_func, py_file)
+
+    CUDACacheImpl._locator_classes = [KernelSourceLocator, *CUDACacheImpl._locator_classes]
