@@ -194,13 +194,22 @@ def compile_in_workers(
 ) -> list[KernelUse]:  # fmt: skip
     """Compile `uses` in `workers` processes and install each kernel here as it arrives;
     returns the uses that came back without a kernel (to compile here)."""
-    blobs: dict[int, bytes] = {}
+    blobs: dict[int, bytes | None] = {}
     tasks: queue.Queue = queue.Queue()
+    failed: list[KernelUse] = []
     for i, (dispatcher, argtypes) in enumerate(uses):
         key = id(dispatcher)
         if key not in blobs:
-            blobs[key] = pickle.dumps(dispatcher, protocol=pickle.HIGHEST_PROTOCOL)
-        tasks.put((i, key, argtypes))
+            try:
+                blobs[key] = pickle.dumps(dispatcher, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as exc:  # a kernel Numba cannot pickle: compiled here
+                log.warning("precompile: cannot send %s to a worker: %s", dispatcher, exc)
+                blobs[key] = None
+        if blobs[key] is None:
+            failed.append(uses[i])
+        else:
+            tasks.put((i, key, argtypes))
+    expected = len(uses) - len(failed)
     results: queue.Queue = queue.Queue()
     env = _worker_env()
     procs, threads, logs = [], [], []
@@ -215,9 +224,8 @@ def compile_in_workers(
         procs.append(proc)
         threads.append(thread)
         logs.append(err)
-    failed: list[KernelUse] = []
     received = 0
-    while received < len(uses):
+    while received < expected:
         try:
             i, payload, error = results.get(timeout=1.0)
         except queue.Empty:
@@ -226,11 +234,14 @@ def compile_in_workers(
             continue
         received += 1
         dispatcher, argtypes = uses[i]
+        if payload is not None:
+            try:
+                _install(dispatcher, argtypes, pickle.loads(payload))
+            except Exception as exc:
+                payload, error = None, f"{type(exc).__name__}: {exc}"
         if payload is None:
             log.warning("precompile: a worker could not compile %s: %s", dispatcher, error)
             failed.append(uses[i])
-        else:
-            _install(dispatcher, argtypes, pickle.loads(payload))
         if progress is not None:
             progress(COMPILING, done + received, total)
     for t in threads:
