@@ -86,6 +86,8 @@ THREADS = threads(256)
 MIN_CHUNK = 4 * THREADS  # logits a block at least
 TARGET_BLOCKS = 264  # two blocks per SM of an H100 for small batches
 BINS = 2048  # the first two digits have 11 bits, the last 10
+BINS_PER_THREAD = BINS // THREADS  # (the kernels run THREADS threads a block)
+UNROLL = 4  # logits a thread loads at once (a chunk of MIN_CHUNK: one group)
 MASS_SCALE = float64(2.0**44)  # fixed-point unit of top-p masses (sums < 2**63 for V < 2**19)
 SLOTS = MAX_THREADS // 32  # block_max's scratch (a slot per warp; 32 threads in the simulator)
 # rowf rows
@@ -217,6 +219,21 @@ def finish_row(row, packed, state_row, state, out, ring, ring_slot):
             state[state_row, tok] = uint16(cell + 1)
 
 
+@device_function
+def score_candidate(logits, row, v, x, greedy, truncate, temperature, seed, step):
+    """Pass 1 after the state: a greedy row's logit, a temperature row's noisy score, or a
+    truncating row's scaled score (written back), packed; NONE for a non-finite score."""
+    if not greedy:
+        x = x / temperature
+        if truncate:
+            logits[row, v] = x
+        elif finite(x):
+            x = x + gumbel(seed, step, v)
+    if greedy or finite(x):
+        return pack(x, v)
+    return int64(NONE)
+
+
 @cuda.jit(cache=True)
 def scores_kernel(
     logits, chunk_len, fparams, iparams, uparams, state, ticket, best, rowf, rowi, out, ring,
@@ -244,18 +261,23 @@ def scores_kernel(
     truncate = not greedy and (min_p > 0 or top_k > 0 or top_p < 1)
 
     cand = int64(NONE)
-    for v in range(start + tid, end, cuda.blockDim.x):
-        x = logits[row, v]
-        if state_row >= 0:
-            x = apply_state(x, int32(state[state_row, v]), ban, repetition, presence, frequency)
-        if not greedy:
-            x = x / temperature
-            if truncate:
-                logits[row, v] = x
-            elif finite(x):
-                x = x + gumbel(seed, step, v)
-        if greedy or finite(x):
-            cand = max(cand, pack(x, v))
+    xs = cuda.local.array(UNROLL, float32)
+    cells = cuda.local.array(UNROLL, int32)
+    nt = cuda.blockDim.x
+    for base in range(start + tid, end, nt * UNROLL):
+        for u in range(UNROLL):  # every load of the group in flight at once
+            v = min(base + u * nt, end - 1)
+            xs[u] = logits[row, v]
+            if state_row >= 0:
+                cells[u] = int32(state[state_row, v])
+        for u in range(UNROLL):
+            v = base + u * nt
+            if v < end:
+                x = xs[u]
+                if state_row >= 0:
+                    x = apply_state(x, cells[u], ban, repetition, presence, frequency)
+                c = score_candidate(logits, row, v, x, greedy, truncate, temperature, seed, step)
+                cand = max(cand, c)
     cand = block_max(buf, cand)
     if tid == 0 and cand >= 0:
         cuda.atomic.max(best, row, cand)
@@ -326,25 +348,38 @@ def _radix_kernel(use_mass: bool):
         cuda.syncthreads()
         start = cuda.blockIdx.y * chunk_len
         end = min(start + chunk_len, logits.shape[1])
-        for v in range(start + tid, end, nt):
-            x = logits[row, v]
-            if kept(x, min_bound, kth):
-                key = int64(ordered_key(x))
-                if (key & high_mask) == prefix:
-                    if use_mass:
-                        weight = int64(float64(float32(math.exp(x - top))) * MASS_SCALE + 0.5)
-                    else:
-                        weight = int64(1)
-                    cuda.atomic.add(hs, (key >> shift) & (bins - 1), weight)
+        xs = cuda.local.array(UNROLL, float32)
+        for base in range(start + tid, end, nt * UNROLL):
+            for u in range(UNROLL):
+                xs[u] = logits[row, min(base + u * nt, end - 1)]
+            for u in range(UNROLL):
+                x = xs[u]
+                if base + u * nt < end and kept(x, min_bound, kth):
+                    key = int64(ordered_key(x))
+                    if (key & high_mask) == prefix:
+                        if use_mass:
+                            e = float32(math.exp(x - top))
+                            weight = int64(float64(e) * MASS_SCALE + 0.5)
+                        else:
+                            weight = int64(1)
+                        cuda.atomic.add(hs, (key >> shift) & (bins - 1), weight)
         cuda.syncthreads()
         for b in range(tid, bins, nt):
             if hs[b] != 0:
                 cuda.atomic.add(hist, (row, b), hs[b])
         if not last_block(ticket, row, flag):
             return
-        # The row's histogram, read and zeroed for the next pass.
-        for b in range(tid, bins, nt):
-            hs[b] = cuda.atomic.exch(hist, (row, b), int64(0))
+        # The row's histogram, read and zeroed for the next pass: all of a thread's atomics
+        # issued before any result is stored (one round trip to L2, not one per bin).
+        got = cuda.local.array(BINS_PER_THREAD, int64)
+        for k in range(BINS_PER_THREAD):
+            b = tid + k * nt
+            if b < bins:
+                got[k] = cuda.atomic.exch(hist, (row, b), int64(0))
+        for k in range(BINS_PER_THREAD):
+            b = tid + k * nt
+            if b < bins:
+                hs[b] = got[k]
         cuda.syncthreads()
         # Thread t sums `per` bins from the top down; the scan gives each its mass above.
         per = bins // nt
@@ -424,10 +459,17 @@ def gumbel_kernel(
     start = cuda.blockIdx.y * chunk_len
     end = min(start + chunk_len, logits.shape[1])
     cand = int64(NONE)
-    for v in range(start + tid, end, cuda.blockDim.x):
-        x = logits[row, v]
-        if kept(x, min_bound, kth) and (p_t == 0 or float32(math.exp(x - top)) / z >= p_t):
-            cand = max(cand, pack(x + gumbel(seed, step, v), v))
+    xs = cuda.local.array(UNROLL, float32)
+    nt = cuda.blockDim.x
+    for base in range(start + tid, end, nt * UNROLL):
+        for u in range(UNROLL):
+            xs[u] = logits[row, min(base + u * nt, end - 1)]
+        for u in range(UNROLL):
+            v = base + u * nt
+            x = xs[u]
+            if v < end and kept(x, min_bound, kth):
+                if p_t == 0 or float32(math.exp(x - top)) / z >= p_t:
+                    cand = max(cand, pack(x + gumbel(seed, step, v), v))
     cand = block_max(buf, cand)
     if tid == 0 and cand >= 0:
         cuda.atomic.max(best, row, cand)
