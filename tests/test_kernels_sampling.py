@@ -30,6 +30,7 @@ from gpu.kernels.sampling import (
     R_MAX,
     R_MIN_BOUND,
     R_P_T,
+    R_SCALE,
     R_Z,
     U_SEED,
     U_STEP,
@@ -147,7 +148,7 @@ def _twin_keep(scaled: np.ndarray, md: SamplingMetadata, i: int) -> np.ndarray:
 
 
 def _check_thresholds(logits, md, state, scores, rowf, seed) -> None:
-    """Each truncating row: the scaled scores written back by the first pass, and the set the
+    """Each truncating row: the scores the passes read (logits / scale), and the set the
     thresholds of the radix passes keep, vs the twin's."""
     for i in range(md.num_rows):
         truncating = md.min_p[i] > 0 or md.top_k[i] > 0 or md.top_p[i] < 1
@@ -160,8 +161,11 @@ def _check_thresholds(logits, md, state, scores, rowf, seed) -> None:
                 md.presence_penalty[i], md.frequency_penalty[i],
             )  # fmt: skip
         scaled = x / np.float32(md.temperature[i])
-        np.testing.assert_allclose(scores[i], scaled, rtol=1e-6, err_msg=f"seed {seed}")
-        s = scores[i]
+        # Rows with a state hold their scaled scores (scale 1), the others their logits.
+        if md.state_rows[i] < 0:
+            assert np.array_equal(scores[i], logits[i]) and rowf[R_SCALE, i] == md.temperature[i]
+        s = scores[i] / rowf[R_SCALE, i]
+        np.testing.assert_allclose(s, scaled, rtol=1e-6, err_msg=f"seed {seed}")
         top, min_bound, kth, p_t, z = rowf[[R_MAX, R_MIN_BOUND, R_KTH, R_P_T, R_Z], i]
         near = np.zeros(s.shape, bool)  # probabilities within float rounding of the cut
         with np.errstate(invalid="ignore", over="ignore"):

@@ -21,8 +21,12 @@ CUDA graph):
    index) packed into one int64 (ordered key << 31 | (2**31 - 1 - index), so the max is the
    largest value at the smallest index) by atomic max to the row's slot, and the row's last
    block (below) writes out / ring and counts the token in the state (step 4). Truncating rows
-   (min_p, top_k or top_p) write their scaled scores back into `logits` and offer their max;
-   the last block stores the max and the min_p bound (score >= max + log(min_p), float32).
+   (min_p, top_k or top_p) offer their max; the last block stores the max and the min_p bound
+   (score >= max + log(min_p), float32). Later passes read the scores as logits / scale: rows
+   with a token state write their penalised, scaled scores back (scale 1: one 4-byte write
+   instead of a 2-byte state read in every later pass), the others leave the logits as they
+   are and divide again (scale = T, the same float32 division: the same scores; at batch 256
+   the write-back would cost a full pass of HBM bandwidth, ~45 us for 131 MB).
 2. radix_count_kernel x 3 (digits of 11, 11, 10 bits): top-k. The k-th largest kept score is
    found over the order-preserving integer keys of the scaled scores (bf16.ordered_key): each
    pass counts the kept keys whose higher digits match the prefix found so far into a shared
@@ -48,7 +52,7 @@ writes the row's threshold state for the next kernel.
 
 Scratch (SamplerScratch, allocated once by sampler_scratch, ~16 KB a row): the tickets, the
 packed-max slots and the [rows, 2048] int64 histogram, all left zeroed (or -1) by the last
-blocks, and the per-row thresholds (rowf: max, min_p bound, kth, top-p t, Z; rowi: mode,
+blocks, and the per-row thresholds (rowf: max, min_p bound, kth, top-p t, Z, scale; rowi: mode,
 prefix, remaining count or mass).
 
 Ties: argmax and Gumbel-max take the smallest index among equal values (np.argmax); top-k and
@@ -91,7 +95,7 @@ UNROLL = 4  # logits a thread loads at once (a chunk of MIN_CHUNK: one group)
 MASS_SCALE = float64(2.0**44)  # fixed-point unit of top-p masses (sums < 2**63 for V < 2**19)
 SLOTS = MAX_THREADS // 32  # block_max's scratch (a slot per warp; 32 threads in the simulator)
 # rowf rows
-R_MAX, R_MIN_BOUND, R_KTH, R_P_T, R_Z = range(5)
+R_MAX, R_MIN_BOUND, R_KTH, R_P_T, R_Z, R_SCALE = range(6)
 # rowi rows
 R_MODE, R_PREFIX, R_REMAIN = range(3)
 # mode bits
@@ -220,13 +224,15 @@ def finish_row(row, packed, state_row, state, out, ring, ring_slot):
 
 
 @device_function
-def score_candidate(logits, row, v, x, greedy, truncate, temperature, seed, step):
+def score_candidate(logits, row, v, x, greedy, truncate, prescale, temperature, seed, step):
     """Pass 1 after the state: a greedy row's logit, a temperature row's noisy score, or a
-    truncating row's scaled score (written back), packed; NONE for a non-finite score."""
+    truncating row's scaled score (written back where the state changed it), packed; NONE for
+    a non-finite score."""
     if not greedy:
         x = x / temperature
         if truncate:
-            logits[row, v] = x
+            if prescale:
+                logits[row, v] = x
         elif finite(x):
             x = x + gumbel(seed, step, v)
     if greedy or finite(x):
@@ -276,7 +282,9 @@ def scores_kernel(
                 x = xs[u]
                 if state_row >= 0:
                     x = apply_state(x, cells[u], ban, repetition, presence, frequency)
-                c = score_candidate(logits, row, v, x, greedy, truncate, temperature, seed, step)
+                c = score_candidate(
+                    logits, row, v, x, greedy, truncate, state_row >= 0, temperature, seed, step
+                )
                 cand = max(cand, c)
     cand = block_max(buf, cand)
     if tid == 0 and cand >= 0:
@@ -293,6 +301,7 @@ def scores_kernel(
             rowf[R_KTH, row] = NEG_INF
             rowf[R_P_T, row] = 0
             rowf[R_Z, row] = 1
+            rowf[R_SCALE, row] = 1 if state_row >= 0 else temperature
             mode = MODE_TRUNCATE
             if top_k > 0:
                 mode |= MODE_TOP_K
@@ -343,6 +352,7 @@ def _radix_kernel(use_mass: bool):
         top = rowf[R_MAX, row]
         min_bound = rowf[R_MIN_BOUND, row]
         kth = rowf[R_KTH, row]
+        scale = rowf[R_SCALE, row]
         for b in range(tid, bins, nt):
             hs[b] = 0
         cuda.syncthreads()
@@ -353,7 +363,7 @@ def _radix_kernel(use_mass: bool):
             for u in range(UNROLL):
                 xs[u] = logits[row, min(base + u * nt, end - 1)]
             for u in range(UNROLL):
-                x = xs[u]
+                x = xs[u] / scale
                 if base + u * nt < end and kept(x, min_bound, kth):
                     key = int64(ordered_key(x))
                     if (key & high_mask) == prefix:
@@ -456,6 +466,7 @@ def gumbel_kernel(
     kth = rowf[R_KTH, row]
     p_t = rowf[R_P_T, row]
     z = rowf[R_Z, row]
+    scale = rowf[R_SCALE, row]
     start = cuda.blockIdx.y * chunk_len
     end = min(start + chunk_len, logits.shape[1])
     cand = int64(NONE)
@@ -466,7 +477,7 @@ def gumbel_kernel(
             xs[u] = logits[row, min(base + u * nt, end - 1)]
         for u in range(UNROLL):
             v = base + u * nt
-            x = xs[u]
+            x = xs[u] / scale
             if v < end and kept(x, min_bound, kth):
                 if p_t == 0 or float32(math.exp(x - top)) / z >= p_t:
                     cand = max(cand, pack(x + gumbel(seed, step, v), v))
@@ -484,7 +495,7 @@ class SamplerScratch:
 
     ticket: object  # int32 [max_rows]: blocks of the row done with the current pass
     best: object  # int64 [max_rows]: the packed max of the current pass (NONE when idle)
-    rowf: object  # float32 [5, max_rows]: R_MAX, R_MIN_BOUND, R_KTH, R_P_T, R_Z
+    rowf: object  # float32 [6, max_rows]: R_MAX, R_MIN_BOUND, R_KTH, R_P_T, R_Z, R_SCALE
     rowi: object  # int64 [3, max_rows]: R_MODE, R_PREFIX, R_REMAIN
     hist: object  # int64 [max_rows, BINS]: the row's radix histogram (zero when idle)
     max_rows: int
@@ -499,7 +510,7 @@ def sampler_scratch(max_rows: int, vocab: int, stream=0) -> SamplerScratch:
     return SamplerScratch(
         ticket=cuda.to_device(np.zeros(rows, np.int32), stream=stream),
         best=cuda.to_device(np.full(rows, NONE, np.int64), stream=stream),
-        rowf=cuda.to_device(np.zeros((5, rows), np.float32), stream=stream),
+        rowf=cuda.to_device(np.zeros((6, rows), np.float32), stream=stream),
         rowi=cuda.to_device(np.zeros((3, rows), np.int64), stream=stream),
         hist=cuda.to_device(np.zeros((rows, BINS), np.int64), stream=stream),
         max_rows=max_rows,

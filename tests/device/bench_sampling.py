@@ -162,6 +162,70 @@ def case(logits_host: np.ndarray, rows: int, name: str, params: dict | None) -> 
     return result
 
 
+def passes(logits, f, i, u, state, scratch, out, ring, slot) -> list:
+    """sampling.sample's launches one by one (the same order and arguments)."""
+    rows, vocab = logits.shape
+    chunks, chunk_len = sampling.chunking(rows, vocab)
+    grid, threads, s = (rows, chunks), sampling.THREADS, scratch
+    calls = [
+        lambda: sampling.scores_kernel[grid, threads, stream](
+            logits, chunk_len, f, i, u, state, s.ticket, s.best, s.rowf, s.rowi, out, ring, slot
+        )
+    ]
+    for kernel in (sampling.radix_count_kernel, sampling.radix_mass_kernel):
+        for digit in range(3):
+            calls.append(
+                lambda kernel=kernel, digit=digit: kernel[grid, threads, stream](
+                    logits, chunk_len, digit, i, f, s.ticket, s.hist, s.rowf, s.rowi
+                )
+            )
+    calls.append(
+        lambda: sampling.gumbel_kernel[grid, threads, stream](
+            logits, chunk_len, i, u, state, s.ticket, s.best, s.rowf, s.rowi, out, ring, slot
+        )
+    )
+    return calls
+
+
+def breakdown(rows: int, vocab: int, params: dict) -> dict:
+    """Each pass's time (events between eager launches queued behind a sleeping kernel)."""
+    logits = cuda.to_device((rng.standard_normal((rows, vocab)) * 3).astype(np.float32))
+    md = metadata(rows, params)
+    f, i, u = device_params(md)
+    state_host = state_table(rows, vocab) if params.get("state") else ts.new_state(1, vocab)
+    state = cuda.to_device(state_host, stream=stream)
+    scratch = sampling.sampler_scratch(rows, vocab, stream)
+    out = cuda.device_array(rows, np.int32, stream=stream)
+    ring = cuda.device_array((2, rows), np.int32, stream=stream)
+    slot = cuda.to_device(np.zeros(1, np.int32), stream=stream)
+    calls = passes(logits, f, i, u, state, scratch, out, ring, slot)
+    for call in calls:
+        call()
+    stream.synchronize()
+    reps = 10
+    events = [[cuda.event() for _ in range(len(calls) + 1)] for _ in range(reps)]
+    _spin[1, 1, stream](reps * len(calls) * 100 + 5000)
+    for r in range(reps):
+        events[r][0].record(stream)
+        for k, call in enumerate(calls):
+            call()
+            events[r][k + 1].record(stream)
+    stream.synchronize()
+    names = ["scores"] + [f"count{d}" for d in range(3)] + [f"mass{d}" for d in range(3)]
+    names.append("gumbel")
+    return {
+        name: round(
+            float(np.median([cuda.event_elapsed_time(e[k], e[k + 1]) for e in events])) * 1e3, 1
+        )
+        for k, name in enumerate(names)
+    }
+
+
+def breakdowns() -> dict:
+    params = {"temperature": 1.0, "top_k": 50, "top_p": 0.9, "repetition": 1.1, "state": True}
+    return {f"b{rows}": breakdown(rows, 128_256, params) for rows in (1, 8, 64, 256)}
+
+
 def run_vocab(vocab: int, batches: list[int]) -> dict:
     logits_host = (rng.standard_normal((max(batches), vocab)) * 3).astype(np.float32)
     data = {}
@@ -195,6 +259,7 @@ def table(data: dict) -> str:
 def main() -> None:
     batches = [1, 8] if "--quick" in sys.argv else BATCHES
     results = Results("bench_sampling")
+    results.section("breakdown_top_k_top_p_penalties", breakdowns)
     for vocab in VOCABS:
         results.section(f"vocab{vocab}", run_vocab, vocab, batches)
     print(table(results.data))
