@@ -148,6 +148,30 @@ def test_discovery_records_each_kernel_once_and_launches_nothing():
     assert r["report"] == [2, 1, 1]
 
 
+WORKERS = """
+    import json
+    import numpy as np
+    from gpu.backends.cuda import precompile as pc
+    from gpu.kernels import embedding
+
+    ids = np.zeros(3, np.int32)
+    args = (ids, ids, ids, np.zeros((4, 8), np.uint16), np.zeros((3, 8), np.float32))
+    use = (embedding.embedding_kernel, tuple(map(embedding.embedding_kernel.typeof_pyval, args)))
+    calls = []
+    failed = pc.compile_in_workers([use, use], 2, lambda *a: calls.append(a), 0, 2)
+    print(json.dumps({"failed": [[str(t) for t in types] for _, types in failed], "calls": calls}))
+"""
+
+
+@pytest.mark.skipif(cuda_available(), reason="a worker that cannot compile needs no GPU")
+def test_a_worker_that_cannot_compile_hands_the_kernel_back():
+    """The worker processes get the pickled kernel and answer for each task; one that cannot
+    compile (here: no GPU driver) returns the task, which the parent then compiles itself."""
+    r = _run(WORKERS)
+    assert len(r["failed"]) == 2 and r["failed"][0][0] == "array(int32, 1d, C)"
+    assert r["calls"] == [["compiling kernels", 1, 2], ["compiling kernels", 2, 2]]
+
+
 def _simulated_cuda_engine(**engine_args):
     """A cuda engine in the simulator (CI) or on the GPU: tiny shapes."""
     from gpu.backends.cuda import CudaBackend
