@@ -128,7 +128,7 @@ def main() -> None:
             t0 = time.time()
             proc = subprocess.run(
                 [sys.executable, __file__, "--child", config, str(layers), str(seqs), str(tokens)],
-                env=env, capture_output=True, text=True, timeout=560,
+                env=env, capture_output=True, text=True, timeout=230,
             )  # fmt: skip
             lines = [x for x in proc.stdout.splitlines() if x.startswith(MARK)]
             if proc.returncode or not lines:
