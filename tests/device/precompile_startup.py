@@ -126,10 +126,17 @@ def main() -> None:
         env = dict(os.environ, NUMBA_CACHE_DIR=os.path.join(tmp, "numba"))
         for run in ("cold", "warm"):
             t0 = time.time()
-            proc = subprocess.run(
-                [sys.executable, __file__, "--child", config, str(layers), str(seqs), str(tokens)],
-                env=env, capture_output=True, text=True, timeout=230,
-            )  # fmt: skip
+            try:
+                proc = subprocess.run(
+                    [sys.executable, __file__, "--child", config, str(layers), str(seqs),
+                     str(tokens)],
+                    env=env, capture_output=True, text=True, timeout=230,
+                )  # fmt: skip
+            except subprocess.TimeoutExpired as exc:
+                tail = (exc.stderr or b"")[-3000:]
+                print(run, "TIMED OUT", tail.decode(errors="replace") if tail else "", flush=True)
+                results.append({"run": run, "failed": "timed out"})
+                continue
             lines = [x for x in proc.stdout.splitlines() if x.startswith(MARK)]
             if proc.returncode or not lines:
                 print(run, "FAILED", proc.returncode, proc.stderr[-3000:], flush=True)
