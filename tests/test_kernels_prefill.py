@@ -82,7 +82,7 @@ def test_prefill_attention_narrow_threshold(narrow):
     """Chunks of up to `narrow` rows take the narrow tiles (None: the default, NARROW_TOKENS):
     a chat's new turn over its history (9 rows from position 31, 19 rows from 26) goes narrow
     at 19 while the 24-row prompt stays wide; at 9 only the first; by default all three."""
-    _check([40, 45, 24, 12], [9, 19, 24, 1], 6, 2, 64, 16, narrow=narrow)
+    _check([40, 45, 24, 12], [9, 19, 24, 1], 3, 1, 64, 16, narrow=narrow)
 
 
 def test_prefill_attention_gather():
@@ -101,7 +101,7 @@ def test_prefill_attention_split_kv(splits):
     (never split). GQA 3, head_dim 64."""
     straddle = 8 * (splits - 1) + 1  # kv_end one past a split boundary (simulator: bk 8, bq 2)
     _check(
-        [70, straddle, 6, 30], [9, 2, 2, 30], 6, 2, 64, 16, narrow=9, splits=splits
+        [70, straddle, 6, 30], [9, 2, 2, 30], 3, 1, 64, 16, narrow=9, splits=splits
     )  # fmt: skip
 
 
@@ -151,7 +151,7 @@ def test_mixed_step_splits_its_rows_between_the_two_kernels():
 
     rng, seed = fresh_rng()
     seq_lens, query_lens = [70, 19, 0, 33, 5], [1, 7, 0, 1, 5]
-    nh, nkv, hd, splits = 6, 2, 64, 3
+    nh, nkv, hd, splits = 3, 1, 64, 3
     case = paged_case(rng, seq_lens, query_lens, nh, nkv, hd, 16)
     args = attention_device_args(case)
     n = len(seq_lens)
