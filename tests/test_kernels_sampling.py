@@ -9,12 +9,14 @@ cross-block merge runs."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from kernel_helpers import INT_POISON, fresh_rng, gpu_code_path, poisoned, synced
 from numba import cuda
 
 from gpu.kernels import block_reduce, sampling
 from gpu.kernels.argmax import CHUNK, WIDE_CHUNK, WIDE_ROWS, argmax_rows, argmax_scratch_size
 from gpu.kernels.sampling import (
+    CANDIDATES,
     F_FREQUENCY,
     F_MIN_P,
     F_PRESENCE,
@@ -25,10 +27,12 @@ from gpu.kernels.sampling import (
     I_STATE_ROW,
     I_TOP_K,
     MIN_CHUNK,
+    MODE_COMPACT,
     NONE,
     R_KTH,
     R_MAX,
     R_MIN_BOUND,
+    R_MODE,
     R_P_T,
     R_SCALE,
     R_Z,
@@ -210,7 +214,16 @@ def test_all_greedy_and_ties():
     _check(logits, SamplingMetadata.greedy(3), seed)
 
 
-def test_top_k_edges():
+def _compaction(scratch, rows: int, candidates: int) -> None:
+    """With room for the candidates some truncating row went compact (its later passes read
+    the copy); with room for 3, some did not (they read the logits)."""
+    modes = synced(scratch.rowi)[R_MODE, :rows]
+    compact = (modes & MODE_COMPACT) != 0
+    assert compact.any() if candidates == CANDIDATES else not compact.all()
+
+
+@pytest.mark.parametrize("candidates", [CANDIDATES, 3])
+def test_top_k_edges(candidates):
     """k = 1, k at a tie, k = vocab, k past the kept count (min_p), an all-equal row."""
     rng, seed = fresh_rng()
     vocab = 2 * MIN_CHUNK + 77
@@ -226,10 +239,13 @@ def test_top_k_edges():
         {"temperature": 1.0, "top_k": 3},
         {"temperature": 0.9, "top_k": 60},
     ]
-    _check(logits, _metadata(rows, rng), seed)
+    scratch = sampler_scratch(len(rows), vocab, candidates=candidates)
+    _check(logits, _metadata(rows, rng), seed, scratch=scratch)
+    _compaction(scratch, len(rows), candidates)
 
 
-def test_top_p_and_min_p():
+@pytest.mark.parametrize("candidates", [CANDIDATES, 3])
+def test_top_p_and_min_p(candidates):
     rng, seed = fresh_rng()
     vocab = MIN_CHUNK + 33
     logits = (rng.standard_normal((6, vocab)) * 2).astype(np.float32)
@@ -244,10 +260,13 @@ def test_top_p_and_min_p():
         {"temperature": 0.9, "top_k": 40, "top_p": 0.8, "min_p": 0.05},
         {"temperature": 1.0, "top_p": 1.0, "min_p": 0.01},
     ]
-    _check(logits, _metadata(rows, rng), seed)
+    scratch = sampler_scratch(len(rows), vocab, candidates=candidates)
+    _check(logits, _metadata(rows, rng), seed, scratch=scratch)
+    _compaction(scratch, len(rows), candidates)
 
 
-def test_penalties_with_truncation_and_state_counts():
+@pytest.mark.parametrize("candidates", [CANDIDATES, 3])
+def test_penalties_with_truncation_and_state_counts(candidates):
     """Penalties + top-p / top-k rows; each sampled token counted in its state row, a saturated
     count left as it is; rows without state leave the table alone."""
     rng, seed = fresh_rng()
@@ -261,7 +280,9 @@ def test_penalties_with_truncation_and_state_counts():
         {"temperature": 1.0, "top_k": 10, "repetition": 1.2, "state_row": 4},
         {"temperature": 1.0, "min_p": 0.1},
     ]
-    got, after = _check(logits, _metadata(rows, rng), seed, state)
+    scratch = sampler_scratch(len(rows), vocab, candidates=candidates)
+    got, after = _check(logits, _metadata(rows, rng), seed, state, scratch)
+    _compaction(scratch, len(rows), candidates)
     expected = state.copy()
     for row, tok in ((2, got[0]), (0, got[1])):
         if expected[row, tok] & COUNT_MASK < COUNT_MASK:
