@@ -325,6 +325,13 @@ def test_chunking():
             assert chunks == 1 or chunk_len >= MIN_CHUNK
 
 
+@cuda.jit
+def _uniform_kernel(seeds, tokens, step, out):
+    i = cuda.grid(1)
+    if i < out.shape[0]:
+        out[i] = sampling.uniform(seeds[i], step, tokens[i])
+
+
 def test_uniform_matches_rng_and_is_never_one():
     """The kernel's uniform is rng.uniform_from_counter (23 bits + 1/2 over 2**23): the top
     value stays below 1 in float32, so the Gumbel noise is finite."""
@@ -332,8 +339,9 @@ def test_uniform_matches_rng_and_is_never_one():
     seeds = rng.integers(0, 2**63, 50).astype(np.uint64)
     tokens = rng.integers(0, 200_000, 50).astype(np.uint64)
     want = uniform_from_counter(seeds, np.uint64(7), tokens)
-    got = [sampling.uniform(int(s), 7, int(t)) for s, t in zip(seeds, tokens, strict=True)]
-    assert np.array_equal(np.array(got, np.float32), want), f"KERNEL_TEST_SEED={seed}"
+    out = poisoned((50,), np.float32)
+    _uniform_kernel[1, 64](cuda.to_device(seeds), cuda.to_device(tokens), np.uint64(7), out)
+    assert np.array_equal(synced(out), want), f"KERNEL_TEST_SEED={seed}"
     top = (np.float32(2**23 - 1) + np.float32(0.5)) / np.float32(2**23)
     assert top < 1 and np.float32(0.5) / np.float32(2**23) > 0
 
