@@ -224,10 +224,11 @@ def _compaction(scratch, rows: int, candidates: int) -> None:
 
 @pytest.mark.parametrize("candidates", [CANDIDATES, 3])
 def test_top_k_edges(candidates):
-    """k = 1, k at a tie, k = vocab, k past the kept count (min_p), an all-equal row."""
+    """k = 1, k at a tie, k = vocab, k past the kept count (min_p), an all-equal row, k with a
+    min_p bound below the k-th score (the first digit counted in pass 1 either way)."""
     rng, seed = fresh_rng()
     vocab = 2 * MIN_CHUNK + 77
-    logits = (rng.standard_normal((6, vocab)) * 2).astype(np.float32)
+    logits = (rng.standard_normal((7, vocab)) * 2).astype(np.float32)
     logits[1, rng.permutation(vocab)[:10]] = 4.0  # ties at the top-k edge all stay
     logits[4] = 0.5
     logits[5, rng.permutation(vocab)[:40]] = -np.inf
@@ -238,6 +239,7 @@ def test_top_k_edges(candidates):
         {"temperature": 1.0, "top_k": 50, "min_p": 0.3},
         {"temperature": 1.0, "top_k": 3},
         {"temperature": 0.9, "top_k": 60},
+        {"temperature": 1.0, "top_k": 4, "min_p": 0.02},
     ]
     scratch = sampler_scratch(len(rows), vocab, candidates=candidates)
     _check(logits, _metadata(rows, rng), seed, scratch=scratch)

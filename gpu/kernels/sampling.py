@@ -13,7 +13,7 @@ speed with top-p. So every kernel here runs on a grid (rows, chunks) (`chunking`
 in all for small batches, down to one or two a row at batch 256, chunks of >= MIN_CHUNK
 logits), and the thresholds are found by radix select in 3 passes each.
 
-The passes, each a kernel (always the same eight, shapes from n and V only: no host sync, one
+The passes, each a kernel (always the same seven, shapes from n and V only: no host sync, one
 CUDA graph; THREADS threads a block, which the histogram loops assume):
 
 1. scores_kernel: bans and penalties from the state (spec step 1), greedy argmax or x / T.
@@ -26,12 +26,16 @@ CUDA graph; THREADS threads a block, which the histogram loops assume):
    with a token state write their penalised, scaled scores back (scale 1: one 4-byte write
    instead of a 2-byte state read in every later pass), the others leave the logits as they
    are and divide again (scale = T, the same float32 division: the same scores; at batch 256
-   the write-back would cost a full pass of HBM bandwidth, ~45 us for 131 MB).
-2. radix_count_kernel x 3 (digits of 11, 11, 10 bits): top-k. The k-th largest kept score is
-   found over the order-preserving integer keys of the scaled scores (bf16.ordered_key): each
-   pass counts the kept keys whose higher digits match the prefix found so far into a shared
-   2048-bin histogram, adds it into the row's global histogram, and the last block picks the
-   bin where the count from the top reaches k. After the third digit the key is exact: kth.
+   the write-back would cost a full pass of HBM bandwidth, ~45 us for 131 MB). Top-k rows
+   count their first radix digit here (below).
+2. radix_count_kernel x 2 (digits 1 and 2 of 11, 11, 10 bits): top-k. The k-th largest kept
+   score is found over the order-preserving integer keys of the scaled scores
+   (bf16.ordered_key): each pass counts the kept keys whose higher digits match the prefix
+   found so far into a shared 2048-bin histogram, adds it into the row's global histogram,
+   and the last block picks the bin where the count from the top reaches k. The first digit
+   (the key's top 11 bits) is counted in pass 1, over every finite score, before the min_p
+   bound is known: that is exact all the same (see scores_kernel), and saves a pass over the
+   row. After the third digit the key is exact: kth.
 3. radix_mass_kernel x 3: top-p, the same search with masses exp(s - max) of the scores kept
    by min_p and top_k, in fixed point (int64, MASS_SCALE units: exact and order-independent
    sums, so every run decides the same way). The first digit's total is the kept mass (the
@@ -48,12 +52,12 @@ over the whole row in the first digit). So the second digit's pass also copies e
 score of bins >= B (score as stored and token id, through a per-row atomic counter) into the
 row's candidate buffer; if they fit (CANDIDATES, 8,192 a row), the row turns compact and every
 later pass (the last digit, the other search, the draw) reads the copy instead of the row:
-top-k + top-p reads the full row in 3 passes instead of 8, top-p alone in 3 instead of 5
+top-k + top-p reads the full row in 2 passes instead of 8, top-p alone in 3 instead of 5
 (~45 us each at batch 256 x 128,256, from HBM). A row whose bins >= B overflow the buffer (a
 flat distribution, a vocabulary of equal logits) keeps reading the logits: the same results.
 
 Rows a pass has nothing to do for (an inactive phase) return at once: a temperature-only step
-still launches all eight kernels, the last seven of them empty blocks.
+still launches all seven kernels, the last six of them empty blocks.
 
 Cross-block results use the "last block done" pattern: a block adds its histogram (or offers
 its max) with device atomics, fences, and takes a ticket from the row's counter; the block
@@ -109,7 +113,7 @@ SLOTS = MAX_THREADS // 32  # block_max's scratch (a slot per warp; 32 threads in
 # rowf rows
 R_MAX, R_MIN_BOUND, R_KTH, R_P_T, R_Z, R_SCALE = range(6)
 # rowi rows
-R_MODE, R_PREFIX, R_REMAIN, R_COUNT = range(4)
+R_MODE, R_PREFIX, R_REMAIN, R_COUNT, R_DIGIT = range(5)
 # mode bits
 MODE_TRUNCATE, MODE_TOP_K, MODE_TOP_P, MODE_COMPACT = 1, 2, 4, 8
 CANDIDATES = 8192  # scores a row's copy holds (SamplerScratch.cand_val)
@@ -121,7 +125,7 @@ _CANDIDATES = "float32[:, ::1], int32[:, ::1]"
 SIGNATURES = {
     "scores_kernel": [
         "void(float32[:, ::1], int64, float32[:, ::1], int32[:, ::1], uint64[:, ::1],"
-        f" {_STATE}, {_SCRATCH}, int32[::1], int32[:, ::1], int32[::1])"
+        f" {_STATE}, {_SCRATCH}, int64[:, ::1], int32[::1], int32[:, ::1], int32[::1])"
     ],
     "radix_count_kernel": [
         "void(float32[:, ::1], int64, int64, int32[:, ::1], float32[:, ::1],"
@@ -256,12 +260,15 @@ def score_candidate(logits, row, v, x, greedy, truncate, prescale, temperature, 
 
 @cuda.jit(cache=True)
 def scores_kernel(
-    logits, chunk_len, fparams, iparams, uparams, state, ticket, best, rowf, rowi, out, ring,
-    ring_slot,
+    logits, chunk_len, fparams, iparams, uparams, state, ticket, best, rowf, rowi, hist, out,
+    ring, ring_slot,
 ):  # fmt: skip
     grid_dependency_sync()
     buf = cuda.shared.array(SLOTS, int64)
     flag = cuda.shared.array(1, int32)
+    hs = cuda.shared.array(BINS, int64)
+    scan = cuda.shared.array(MAX_THREADS, int64)
+    sel = cuda.shared.array(2, int64)
     row = cuda.blockIdx.x
     tid = cuda.threadIdx.x
     start = cuda.blockIdx.y * chunk_len
@@ -279,6 +286,11 @@ def scores_kernel(
     step = uparams[U_STEP, row]
     greedy = temperature == 0
     truncate = not greedy and (min_p > 0 or top_k > 0 or top_p < 1)
+    fold = truncate and top_k > 0  # top-k's first digit, counted here (see the docstring)
+    if fold:
+        for b in range(tid, BINS, cuda.blockDim.x):
+            hs[b] = 0
+        cuda.syncthreads()
 
     cand = int64(NONE)
     xs = cuda.local.array(UNROLL, float32)
@@ -300,10 +312,18 @@ def scores_kernel(
                     logits, row, v, x, greedy, truncate, state_row >= 0, temperature, seed, step
                 )
                 cand = max(cand, c)
+                if fold and c >= 0:  # a finite scaled score: its key's top 11 bits
+                    cuda.atomic.add(hs, c >> 52, int64(1))
     cand = block_max(buf, cand)
     if tid == 0 and cand >= 0:
         cuda.atomic.max(best, row, cand)
-    if last_block(ticket, row, flag) and tid == 0:
+    if fold:
+        for b in range(tid, BINS, cuda.blockDim.x):
+            if hs[b] != 0:
+                cuda.atomic.add(hist, (row, b), hs[b])
+    if not last_block(ticket, row, flag):
+        return
+    if tid == 0:
         packed = cuda.atomic.exch(best, row, int64(NONE))
         if not truncate:
             rowi[R_MODE, row] = 0
@@ -325,6 +345,23 @@ def scores_kernel(
             rowi[R_PREFIX, row] = 0
             rowi[R_REMAIN, row] = 0
             rowi[R_COUNT, row] = 0
+            rowi[R_DIGIT, row] = 0
+    if not fold:
+        return
+    # Top-k's first digit, over every finite score (the min_p bound is not known yet). Exact
+    # for the kept scores all the same: they are an upper set of the finite ones, so if at
+    # least k are kept the k-th largest is the same score; if fewer are, no kept score lies in
+    # the chosen bin or below it (or every finite score above the bin would be kept, k of
+    # them), and the next digit, which counts kept scores only, finds no k-th: nothing is cut.
+    total = read_histogram(hist, row, BINS, hs, scan)
+    find_bin(hs, BINS, scan, int64(top_k), sel)
+    if tid == 0:
+        if total <= top_k:  # no more finite scores than k: nothing to cut
+            rowi[R_MODE, row] = rowi[R_MODE, row] & ~MODE_TOP_K
+        else:
+            rowi[R_PREFIX, row] = sel[0] << 21
+            rowi[R_REMAIN, row] = top_k - sel[1]
+            rowi[R_DIGIT, row] = 1
 
 
 @device_function
@@ -349,6 +386,55 @@ def load(logits, cand_val, cand_idx, row, j, compact, xs, vs, u):
     else:
         xs[u] = logits[row, j]
         vs[u] = j
+
+
+@device_function
+def read_histogram(hist, row, bins, hs, scan):
+    """The row's global histogram into hs (and zeroed for the next pass: all of a thread's
+    atomic exchanges issued before any result is stored, one round trip to L2); then scan[t]
+    holds the sum of the bins of threads 0..t, thread t taking bins//nt bins from the top
+    down. Returns the total. Every thread of the block calls it."""
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    got = cuda.local.array(BINS_PER_THREAD, int64)
+    for k in range(BINS_PER_THREAD):
+        b = tid + k * nt
+        if b < bins:
+            got[k] = cuda.atomic.exch(hist, (row, b), int64(0))
+    for k in range(BINS_PER_THREAD):
+        b = tid + k * nt
+        if b < bins:
+            hs[b] = got[k]
+    cuda.syncthreads()
+    per = bins // nt
+    mine = int64(0)
+    for j in range(tid * per, tid * per + per):
+        mine += hs[bins - 1 - j]
+    inclusive_scan(scan, mine)
+    return scan[nt - 1]
+
+
+@device_function
+def find_bin(hs, bins, scan, remain, sel):
+    """sel[0] = the bin where the sum from the top reaches remain (-1: never), sel[1] = the
+    sum of the bins above it (after read_histogram; every thread calls it)."""
+    tid = cuda.threadIdx.x
+    per = bins // cuda.blockDim.x
+    upto = scan[tid]
+    below = scan[tid - 1] if tid > 0 else int64(0)
+    if tid == 0:
+        sel[0] = -1
+    cuda.syncthreads()
+    if below < remain and remain <= upto:
+        run = below
+        for j in range(tid * per, tid * per + per):
+            weight = hs[bins - 1 - j]
+            if run + weight >= remain:
+                sel[0] = bins - 1 - j
+                sel[1] = run
+                break
+            run += weight
+    cuda.syncthreads()
 
 
 @device_function
@@ -377,7 +463,7 @@ def _radix_kernel(use_mass: bool):
         grid_dependency_sync()
         row = cuda.blockIdx.x
         mode = rowi[R_MODE, row]
-        if (mode & phase) == 0:
+        if (mode & phase) == 0 or rowi[R_DIGIT, row] != digit:
             return
         compact = (mode & MODE_COMPACT) != 0
         compacting = digit == 1 and not compact  # copy the candidates out in this pass
@@ -430,51 +516,17 @@ def _radix_kernel(use_mass: bool):
                 cuda.atomic.add(hist, (row, b), hs[b])
         if not last_block(ticket, row, flag):
             return
-        # The row's histogram, read and zeroed for the next pass: all of a thread's atomics
-        # issued before any result is stored (one round trip to L2, not one per bin).
-        got = cuda.local.array(BINS_PER_THREAD, int64)
-        for k in range(BINS_PER_THREAD):
-            b = tid + k * nt
-            if b < bins:
-                got[k] = cuda.atomic.exch(hist, (row, b), int64(0))
-        for k in range(BINS_PER_THREAD):
-            b = tid + k * nt
-            if b < bins:
-                hs[b] = got[k]
-        cuda.syncthreads()
-        # Thread t sums `per` bins from the top down; the scan gives each its mass above.
-        per = bins // nt
-        first = tid * per
-        mine = int64(0)
-        for j in range(first, first + per):
-            mine += hs[bins - 1 - j]
-        upto = inclusive_scan(scan, mine)
-        total = scan[nt - 1]
-        if digit == 0:
-            if use_mass:
-                remain = max(int64(math.ceil(float64(fparams[F_TOP_P, row]) * total)), 1)
-            else:
-                remain = int64(iparams[I_TOP_K, row])
+        total = read_histogram(hist, row, bins, hs, scan)
+        if digit == 0:  # top-p only: top-k's first digit is counted in pass 1
+            remain = max(int64(math.ceil(float64(fparams[F_TOP_P, row]) * total)), 1)
         else:
             remain = rowi[R_REMAIN, row]
-        if tid == 0:
-            sel[0] = -1
-        cuda.syncthreads()
-        if upto - mine < remain and remain <= upto:
-            run = upto - mine
-            for j in range(first, first + per):
-                weight = hs[bins - 1 - j]
-                if run + weight >= remain:
-                    sel[0] = bins - 1 - j
-                    sel[1] = run
-                    break
-                run += weight
-        cuda.syncthreads()
+        find_bin(hs, bins, scan, remain, sel)
         if tid != 0:
             return
-        if digit == 0 and use_mass:
+        if digit == 0:
             rowf[R_Z, row] = float32(float64(total) / MASS_SCALE)
-        done = sel[0] < 0 or (digit == 0 and not use_mass and total <= remain)
+        done = sel[0] < 0
         if compacting:
             # Every score this phase can keep (and the next phases and the draw: they keep
             # fewer) is in the copied bins; from now on the row's passes read the copy.
@@ -484,13 +536,16 @@ def _radix_kernel(use_mass: bool):
                 rowi[R_COUNT, row] = 0  # too many: the row stays on the logits
         if done:  # nothing to cut: all the kept scores stay
             rowi[R_MODE, row] = mode & ~phase
+            rowi[R_DIGIT, row] = 0
             return
         prefix |= sel[0] << shift
         rowi[R_PREFIX, row] = prefix
         rowi[R_REMAIN, row] = remain - sel[1]
         rowi[R_MODE, row] = mode
+        rowi[R_DIGIT, row] = digit + 1
         if shift == 0:
             rowi[R_MODE, row] = mode & ~phase
+            rowi[R_DIGIT, row] = 0
             cut = key_to_f32(prefix)
             if use_mass:
                 rowf[R_P_T, row] = float32(math.exp(cut - top)) / rowf[R_Z, row]
@@ -558,7 +613,7 @@ class SamplerScratch:
     ticket: object  # int32 [max_rows]: blocks of the row done with the current pass
     best: object  # int64 [max_rows]: the packed max of the current pass (NONE when idle)
     rowf: object  # float32 [6, max_rows]: R_MAX, R_MIN_BOUND, R_KTH, R_P_T, R_Z, R_SCALE
-    rowi: object  # int64 [4, max_rows]: R_MODE, R_PREFIX, R_REMAIN, R_COUNT
+    rowi: object  # int64 [5, max_rows]: R_MODE, R_PREFIX, R_REMAIN, R_COUNT, R_DIGIT
     hist: object  # int64 [max_rows, BINS]: the row's radix histogram (zero when idle)
     cand_val: object  # float32 [max_rows, candidates]: a compact row's scores (as stored)
     cand_idx: object  # int32 [max_rows, candidates]: ... and their token ids
@@ -578,7 +633,7 @@ def sampler_scratch(
         ticket=cuda.to_device(np.zeros(rows, np.int32), stream=stream),
         best=cuda.to_device(np.full(rows, NONE, np.int64), stream=stream),
         rowf=cuda.to_device(np.zeros((6, rows), np.float32), stream=stream),
-        rowi=cuda.to_device(np.zeros((4, rows), np.int64), stream=stream),
+        rowi=cuda.to_device(np.zeros((5, rows), np.int64), stream=stream),
         hist=cuda.to_device(np.zeros((rows, BINS), np.int64), stream=stream),
         cand_val=cuda.device_array((rows, candidates), np.float32, stream=stream),
         cand_idx=cuda.device_array((rows, candidates), np.int32, stream=stream),
@@ -601,7 +656,7 @@ def sample(
 ) -> None:  # fmt: skip
     """out[r] = the token sampled from logits[r] (float32 [n, V], modified in place) with row
     r's parameters, the same ids into ring[ring_slot[0]] where a ring is given (the host's
-    mapped copy, as in argmax.py), and each sampled token counted in its state row. Eight
+    mapped copy, as in argmax.py), and each sampled token counted in its state row. Seven
     launches, no allocation, no sync: capturable into a CUDA graph."""
     rows, vocab = logits.shape
     if ring is None:
@@ -615,10 +670,10 @@ def sample(
     s = scratch
     scores_kernel[grid, THREADS, stream](
         logits, chunk_len, fparams, iparams, uparams, state, s.ticket, s.best, s.rowf, s.rowi,
-        out, ring, ring_slot,
+        s.hist, out, ring, ring_slot,
     )  # fmt: skip
-    for kernel in (radix_count_kernel, radix_mass_kernel):
-        for digit in range(3):
+    for kernel, digits in ((radix_count_kernel, (1, 2)), (radix_mass_kernel, (0, 1, 2))):
+        for digit in digits:
             kernel[grid, THREADS, stream](
                 logits, chunk_len, digit, iparams, fparams, s.ticket, s.hist, s.rowf, s.rowi,
                 s.cand_val, s.cand_idx,

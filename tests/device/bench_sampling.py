@@ -169,20 +169,57 @@ def passes(logits, f, i, u, state, scratch, out, ring, slot) -> list:
     grid, threads, s = (rows, chunks), sampling.THREADS, scratch
     calls = [
         lambda: sampling.scores_kernel[grid, threads, stream](
-            logits, chunk_len, f, i, u, state, s.ticket, s.best, s.rowf, s.rowi, out, ring, slot
-        )
+            logits,
+            chunk_len,
+            f,
+            i,
+            u,
+            state,
+            s.ticket,
+            s.best,
+            s.rowf,
+            s.rowi,
+            s.hist,
+            out,
+            ring,
+            slot,
+        )  # fmt: skip
     ]
-    for kernel in (sampling.radix_count_kernel, sampling.radix_mass_kernel):
-        for digit in range(3):
+    for kernel, digits in ((sampling.radix_count_kernel, (1, 2)), (sampling.radix_mass_kernel,
+                                                                   (0, 1, 2))):  # fmt: skip
+        for digit in digits:
             calls.append(
                 lambda kernel=kernel, digit=digit: kernel[grid, threads, stream](
-                    logits, chunk_len, digit, i, f, s.ticket, s.hist, s.rowf, s.rowi
-                )
+                    logits,
+                    chunk_len,
+                    digit,
+                    i,
+                    f,
+                    s.ticket,
+                    s.hist,
+                    s.rowf,
+                    s.rowi,
+                    s.cand_val,
+                    s.cand_idx,
+                )  # fmt: skip
             )
     calls.append(
         lambda: sampling.gumbel_kernel[grid, threads, stream](
-            logits, chunk_len, i, u, state, s.ticket, s.best, s.rowf, s.rowi, out, ring, slot
-        )
+            logits,
+            chunk_len,
+            i,
+            u,
+            state,
+            s.ticket,
+            s.best,
+            s.rowf,
+            s.rowi,
+            s.cand_val,
+            s.cand_idx,
+            out,
+            ring,
+            slot,
+        )  # fmt: skip
     )
     return calls
 
@@ -211,7 +248,7 @@ def breakdown(rows: int, vocab: int, params: dict) -> dict:
             call()
             events[r][k + 1].record(stream)
     stream.synchronize()
-    names = ["scores"] + [f"count{d}" for d in range(3)] + [f"mass{d}" for d in range(3)]
+    names = ["scores", "count1", "count2"] + [f"mass{d}" for d in range(3)]
     names.append("gumbel")
     return {
         name: round(
