@@ -267,7 +267,7 @@ def scores_kernel(
     buf = cuda.shared.array(SLOTS, int64)
     flag = cuda.shared.array(1, int32)
     hs = cuda.shared.array(BINS, int64)
-    scan = cuda.shared.array(MAX_THREADS, int64)
+    scan = cuda.shared.array(THREADS, int64)
     sel = cuda.shared.array(2, int64)
     row = cuda.blockIdx.x
     tid = cuda.threadIdx.x
@@ -468,7 +468,7 @@ def _radix_kernel(use_mass: bool):
         compact = (mode & MODE_COMPACT) != 0
         compacting = digit == 1 and not compact  # copy the candidates out in this pass
         hs = cuda.shared.array(BINS, int64)
-        scan = cuda.shared.array(MAX_THREADS, int64)
+        scan = cuda.shared.array(THREADS, int64)
         sel = cuda.shared.array(2, int64)
         flag = cuda.shared.array(1, int32)
         tid = cuda.threadIdx.x
