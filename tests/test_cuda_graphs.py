@@ -150,7 +150,7 @@ def test_padded_prefill_and_mixed_steps_match_unpadded_ones(small, prompt_len, m
         outputs.append(LLM(engine=engine).generate(prompts, params))
         if pad:
             assert executor._mixed_batches  # padded mixed steps really ran
-            # ... a prefill chunk beside decode rows, and steps padded in tokens and sequences
+            # ... one-row sequences (decodes) beside longer chunks, and steps short of the budget
             assert any(0 < decodes < seqs for _, seqs, decodes in steps)
             assert any(tokens < budget for tokens, _, _ in steps)
     padded, plain = outputs
