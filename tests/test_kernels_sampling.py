@@ -122,7 +122,8 @@ def _check(logits, md, seed, state=None, scratch=None) -> tuple[np.ndarray, np.n
     )  # fmt: skip
     got, got_ring, got_state = synced(out), synced(ring), synced(d_state)
     want_state = state.copy()
-    expected = numpy_sample(logits.copy(), md, want_state)
+    with np.errstate(invalid="ignore", divide="ignore"):  # the twin on rows of -inf
+        expected = numpy_sample(logits.copy(), md, want_state)
     assert got[:n].tolist() == expected.tolist(), f"KERNEL_TEST_SEED={seed}"
     assert got[n] == INT_POISON
     assert got_ring[1, :n].tolist() == expected.tolist()
@@ -178,7 +179,8 @@ def _check_thresholds(logits, md, state, scores, rowf, seed) -> None:
                 p = np.exp(s - top).astype(np.float32) / z
                 keep &= p >= p_t
                 near = np.abs(p - p_t) <= 4 * np.spacing(p_t)
-        twin = _twin_keep(scaled, md, i)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            twin = _twin_keep(scaled, md, i)
         keep[near], twin[near] = True, True
         assert keep.tolist() == twin.tolist(), (
             f"row {i}: {keep.sum()} kept, twin {twin.sum()} (KERNEL_TEST_SEED={seed})"
@@ -228,7 +230,7 @@ def test_top_k_edges(candidates):
     min_p bound below the k-th score (the first digit counted in pass 1 either way)."""
     rng, seed = fresh_rng()
     vocab = 2 * MIN_CHUNK + 77
-    logits = (rng.standard_normal((7, vocab)) * 2).astype(np.float32)
+    logits = (rng.standard_normal((8, vocab)) * 2).astype(np.float32)
     logits[1, rng.permutation(vocab)[:10]] = 4.0  # ties at the top-k edge all stay
     logits[4] = 0.5
     logits[5, rng.permutation(vocab)[:40]] = -np.inf
@@ -240,7 +242,9 @@ def test_top_k_edges(candidates):
         {"temperature": 1.0, "top_k": 3},
         {"temperature": 0.9, "top_k": 60},
         {"temperature": 1.0, "top_k": 4, "min_p": 0.02},
+        {"temperature": 1.0, "top_k": 5},  # every logit -inf: nothing kept, token 0
     ]
+    logits[7] = -np.inf
     scratch = sampler_scratch(len(rows), vocab, candidates=candidates)
     _check(logits, _metadata(rows, rng), seed, scratch=scratch)
     _compaction(scratch, len(rows), candidates)
@@ -250,10 +254,11 @@ def test_top_k_edges(candidates):
 def test_top_p_and_min_p(candidates):
     rng, seed = fresh_rng()
     vocab = MIN_CHUNK + 33
-    logits = (rng.standard_normal((6, vocab)) * 2).astype(np.float32)
+    logits = (rng.standard_normal((7, vocab)) * 2).astype(np.float32)
     logits[2] = 0.25  # all equal: the cut is a tie of every token
     logits[3, :8] = 5.0  # ties at the top-p edge
     logits[4, rng.permutation(vocab)[:20]] = -np.inf
+    logits[6] = -np.inf
     rows = [
         {"temperature": 1.0, "top_p": 0.6},
         {"temperature": 1.5, "min_p": 0.2},
@@ -261,6 +266,7 @@ def test_top_p_and_min_p(candidates):
         {"temperature": 0.7, "top_p": 0.3},
         {"temperature": 0.9, "top_k": 40, "top_p": 0.8, "min_p": 0.05},
         {"temperature": 1.0, "top_p": 1.0, "min_p": 0.01},
+        {"temperature": 1.0, "top_p": 0.5},  # every logit -inf: token 0
     ]
     scratch = sampler_scratch(len(rows), vocab, candidates=candidates)
     _check(logits, _metadata(rows, rng), seed, scratch=scratch)
