@@ -12,6 +12,15 @@ if not os.path.exists("/dev/nvidiactl") and shutil.which("nvidia-smi") is None:
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 # --- end of the CUDA simulator switch ---------------------------------------------------------
 
+# --- one BLAS thread per pytest-xdist worker (before anything imports numpy) -----------------
+# With a worker per core, OpenBLAS would start a thread per core in every worker, and its
+# threads spin while they wait: the workers' matrix products fought over the cores (on 2 cores,
+# test_golden + test_app_real_engine + test_cli on 2 workers took 43-70 s, 22-24 s this way).
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+# --- end of the BLAS threads ------------------------------------------------------------------
+
 import sys
 import zipfile
 from collections.abc import Iterator
