@@ -4,15 +4,16 @@ sampler's greedy rows), temperature, top-k 50, top-p 0.9, min-p 0.1, and penalti
 (rows with a token state: a 500-token prompt, 200 output tokens, an active ban). Each case is
 checked once against the numpy twin (batch <= 8: the twin is slow on 256 rows), then timed.
 
-Timing: the sampler's launches captured into a CUDA graph with programmatic edges (as the decode
-step replays them, gpu/backends/cuda/graphs.py), replays queued behind a sleeping kernel so
-Python's launch overhead is not measured; CUDA events around each replay, the median of REPS
-after a warm-up. Logits are N(0, 3^2) (temperature 1: the in-place scaled scores equal the
-logits, so every replay does the same work). The budget (module docstring of
+Timing: the sampler's seven launches captured into a CUDA graph with programmatic edges (as
+the decode step replays them, gpu/backends/cuda/graphs.py), replays queued behind a sleeping
+kernel so Python's launch overhead is not measured; CUDA events around each replay, the
+median of REPS after a warm-up. Logits are N(0, 3^2) (temperature 1: scores as stored equal
+the logits, so every replay does the same work). The budget (module docstring of
 gpu/kernels/sampling.py): ~50 us at batch 1 and 8, ~75 at 64, ~100 at 256.
 
 From the repo root on the GPU machine: python3 tests/device/bench_sampling.py [--quick];
-writes $OUT/bench_sampling.json and prints a table last.
+writes $OUT/bench_sampling.json and prints a table last; a first section times each pass
+alone (eager launches with events between them) at batch 1 / 8 / 64 / 256.
 """
 
 from __future__ import annotations
@@ -275,7 +276,7 @@ def run_vocab(vocab: int, batches: list[int]) -> dict:
 def table(data: dict) -> str:
     lines = []
     for vocab_key, cases in data.items():
-        if not isinstance(cases, dict) or vocab_key.startswith("_"):
+        if not isinstance(cases, dict) or not vocab_key.startswith("vocab"):
             continue
         lines.append(f"\n{vocab_key}: us per call (graph with PDL edges / without)")
         names = list(CASES)
@@ -290,6 +291,11 @@ def table(data: dict) -> str:
                 mark = "" if r.get("exact", True) else "!"
                 cells.append(f"{r['us']:>11.1f} / {r['us_no_pdl']:>5.1f}{mark:1}")
             lines.append(f"{rows:<7}" + "".join(cells))
+    passes_us = data.get("breakdown_top_k_top_p_penalties")
+    if isinstance(passes_us, dict):
+        lines.append("\nus per pass (eager), top-k 50 + top-p 0.9 + penalties, vocab 128,256:")
+        for batch, times in passes_us.items():
+            lines.append(f"{batch:<6} {times}")
     return "\n".join(lines)
 
 
