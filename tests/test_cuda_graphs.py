@@ -88,29 +88,30 @@ def test_graph_replay_gives_the_eager_tokens(batch):
 
 
 # The simulator's shapes: one layer, two heads over one KV head (GQA 2), prompts of a few
-# tokens and token budgets of 8 or 16 (one token bucket), so every kernel a padded step runs
-# launches on the fewest threads that still pad rows, tokens and sequences. The GPU runs the
-# same checks on the longer prompts and wider model they had before (gpu-marked cases).
+# tokens (a prefill pads to the smallest token bucket) and few sequences, so every kernel a
+# padded step runs launches on the fewest threads that still pad rows, tokens and sequences.
+# The GPU runs the same checks on the longer prompts and wider model they had before
+# (gpu-marked cases).
 SMALL = dict(num_hidden_layers=1, hidden_size=32, intermediate_size=48, vocab_size=258,
              num_attention_heads=2, num_key_value_heads=1, head_dim=16)  # fmt: skip
 WIDER = dict(SMALL, num_attention_heads=4, num_key_value_heads=2)
 
 
 @pytest.mark.parametrize(
-    ("small", "prompt_len", "max_tokens", "max_seqs"),
+    ("model", "prompt_len", "max_tokens", "max_seqs"),
     [
-        (SMALL, (2, 5), 3, 4),
-        pytest.param(WIDER, (3, 12), 4, 24, marks=pytest.mark.gpu),
+        pytest.param(SMALL, (2, 5), 3, 4, id="small"),
+        pytest.param(WIDER, (3, 12), 4, 24, marks=pytest.mark.gpu, id="wider"),
     ],
 )
-def test_padded_decode_steps_match_unpadded_ones(small, prompt_len, max_tokens, max_seqs):
+def test_padded_decode_steps_match_unpadded_ones(model, prompt_len, max_tokens, max_seqs):
     """Runs everywhere (simulator in CI): padding rows must not disturb the real rows."""
     low, high = prompt_len
     prompts = random_prompts(3, seed=2, low=low, high=high)  # decode batch 3 -> bucket 4
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    padded_engine = _engine(True, max_num_seqs=max_seqs, **small)
+    padded_engine = _engine(True, max_num_seqs=max_seqs, **model)
     padded = LLM(engine=padded_engine).generate(prompts, params)
-    plain_engine = _engine(True, max_num_seqs=max_seqs, **small)
+    plain_engine = _engine(True, max_num_seqs=max_seqs, **model)
     executor = plain_engine.runner.executor
     executor.buckets = executor.token_buckets = []  # no bucket: every step eager, unpadded
     plain = LLM(engine=plain_engine).generate(prompts, params)
@@ -127,13 +128,13 @@ def test_padded_decode_steps_match_unpadded_ones(small, prompt_len, max_tokens, 
 
 
 @pytest.mark.parametrize(
-    ("small", "prompt_len", "max_tokens", "budget"),
+    ("model", "prompt_len", "max_tokens", "budget"),
     [
-        (SMALL, (2, 9), (2, 4, 3), 8),
-        pytest.param(WIDER, (3, 30), (2, 5, 3), 24, marks=pytest.mark.gpu),
+        pytest.param(SMALL, (2, 9), (2, 4, 3), 8, id="small"),
+        pytest.param(WIDER, (3, 30), (2, 5, 3), 24, marks=pytest.mark.gpu, id="wider"),
     ],
 )
-def test_padded_prefill_and_mixed_steps_match_unpadded_ones(small, prompt_len, max_tokens, budget):
+def test_padded_prefill_and_mixed_steps_match_unpadded_ones(model, prompt_len, max_tokens, budget):
     """Runs everywhere: chunked prefill mixed with decodes, padded to (tokens, seqs) buckets,
     gives the tokens of unpadded steps. A small token budget makes chunks share steps with
     decodes; sequences finish at different steps."""
@@ -142,7 +143,7 @@ def test_padded_prefill_and_mixed_steps_match_unpadded_ones(small, prompt_len, m
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in max_tokens]
     outputs = []
     for pad in (True, False):
-        engine = _engine(True, budget, max_num_seqs=budget, **small)
+        engine = _engine(True, budget, max_num_seqs=budget, **model)
         executor = engine.runner.executor
         if not pad:
             executor.buckets = executor.token_buckets = []
