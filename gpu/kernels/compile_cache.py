@@ -11,9 +11,8 @@ compiler also calls before every compile) whenever a NUMBA_* variable changed. A
 `config.CACHE_DIR` once, when `@cuda.jit(cache=True)` builds its cache locator
 (`_UserProvidedCacheLocator`, numba/cuda/core/caching.py): at import for a module-level kernel,
 when a factory is first called for the others. So this must run before any kernel module is
-imported; gpu/kernels/__init__.py calls it. Setting the variable (rather than only the config
-attribute) also hands the folder to the compile workers (gpu/backends/cuda/precompile.py),
-which inherit the environment.
+imported; gpu/kernels/__init__.py calls it. It sets the variable (rather than only the config
+attribute) so that child processes (a bench's start-up runs) inherit the folder.
 
 Numba's own locator keys a kernel's cache on its file's path, modification time and size: a
 package installed at a new path (a new venv) would miss it, and a kernel whose helper changed
