@@ -55,9 +55,9 @@ top-p's counts its bins beside the masses, top-k's in pass 1 bounds them by the 
 scores of those bins), and the row turns compact: every later pass (the last digit, the
 other search, the draw) reads the copy instead of the row: top-k + top-p reads the full row
 in 2 passes instead of 8, top-p alone in 3 instead of 5 (~45 us each at batch 256 x 128,256,
-from HBM). A row whose bins >= B would overflow the
-buffer (a flat distribution, a vocabulary of equal logits) copies nothing (no per-score
-atomics on its counter) and keeps reading the logits: the same results.
+from HBM). A row whose bins >= B would overflow the buffer (a flat distribution, a vocabulary
+of equal logits) copies nothing (no per-score atomics on its counter) and keeps reading the
+logits: the same results.
 
 Rows a pass has nothing to do for (an inactive phase) return at once: a temperature-only step
 still launches all seven kernels, the last six of them empty blocks.
