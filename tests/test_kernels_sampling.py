@@ -199,7 +199,7 @@ def _check_thresholds(logits, md, state, scores, rowf, rowi, seed) -> None:
             with np.errstate(invalid="ignore"):
                 kept = np.isfinite(s) & (s >= min_bound)
             first_bin = rowi[R_PREFIX, i] >> 21
-            want = int((kept & ((_keys(s) >> 21) >= first_bin)).sum())
+            want = int((kept & ((_keys(s) >> 21) == first_bin)).sum())
             assert rowi[R_BOUND, i] == want, f"row {i} (KERNEL_TEST_SEED={seed})"
 
 

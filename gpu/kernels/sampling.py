@@ -50,14 +50,17 @@ Candidates: after the first digit of either search picks bin B, nothing below B 
 of what both keep; top-p's bins >= B_p hold its whole nucleus, and its normaliser Z was summed
 over the whole row in the first digit). So the second digit's pass also copies every kept
 score of bins >= B (score as stored and token id, through a per-row atomic counter) into the
-row's candidate buffer, if they fit (CANDIDATES, 8,192 a row: the first digit counted them;
-top-p's counts its bins beside the masses, top-k's in pass 1 bounds them by the finite
-scores of those bins), and the row turns compact: every later pass (the last digit, the
-other search, the draw) reads the copy instead of the row: top-k + top-p reads the full row
-in 2 passes instead of 8, top-p alone in 3 instead of 5 (~45 us each at batch 256 x 128,256,
-from HBM). A row whose bins >= B would overflow the buffer (a flat distribution, a vocabulary
-of equal logits) copies nothing (no per-score atomics on its counter) and keeps reading the
-logits: the same results.
+row's candidate buffer, if they fit (CANDIDATES, 8,192 a row: the first digit counted them),
+and the row turns compact: every later pass (the last digit, the other search, the draw)
+reads the copy instead of the row. Top-k copies bins >= B_k (bounded in pass 1 by their
+finite scores: about k plus bin B_k). Top-p, the last search, copies bin B_p alone: every
+kept score above it is kept whatever the cut, so that pass draws their Gumbel-max right away
+(into the row's packed-max slot, which the draw's last block reads with the copy's), and a
+nucleus of thousands of tokens still compacts when its cut bin is small (top-p's first digit
+counts its bins beside the masses). So top-k + top-p reads the full row in 2 passes instead
+of 8, top-p alone in 3 instead of 5 (~45 us each at batch 256 x 128,256, from HBM). A row
+whose copy would overflow (a flat distribution, a vocabulary of equal logits) copies nothing
+(no per-score atomics on its counter) and keeps reading the logits: the same results.
 
 Rows a pass has nothing to do for (an inactive phase) return at once: a temperature-only step
 still launches all seven kernels, the last six of them empty blocks.
@@ -133,12 +136,12 @@ SIGNATURES = {
         f" {_STATE}, {_SCRATCH}, int64[:, ::1], int32[::1], int32[:, ::1], int32[::1])"
     ],
     "radix_count_kernel": [
-        "void(float32[:, ::1], int64, int64, int32[:, ::1], float32[:, ::1],"
-        f" int32[::1], int64[:, ::1], float32[:, ::1], int64[:, ::1], {_CANDIDATES})"
+        "void(float32[:, ::1], int64, int64, int32[:, ::1], float32[:, ::1], uint64[:, ::1],"
+        f" int32[::1], int64[::1], int64[:, ::1], float32[:, ::1], int64[:, ::1], {_CANDIDATES})"
     ],
     "radix_mass_kernel": [
-        "void(float32[:, ::1], int64, int64, int32[:, ::1], float32[:, ::1],"
-        f" int32[::1], int64[:, ::1], float32[:, ::1], int64[:, ::1], {_CANDIDATES})"
+        "void(float32[:, ::1], int64, int64, int32[:, ::1], float32[:, ::1], uint64[:, ::1],"
+        f" int32[::1], int64[::1], int64[:, ::1], float32[:, ::1], int64[:, ::1], {_CANDIDATES})"
     ],
     "gumbel_kernel": [
         "void(float32[:, ::1], int64, int32[:, ::1], uint64[:, ::1],"
@@ -423,8 +426,8 @@ def read_histogram(hist, row, bins, hs, scan):
 
 @device_function
 def count_from(hist, row, first_bin, buf):
-    """The first digit's candidates: the sum of the row's count bins (hist[row, BINS:]) from
-    first_bin up, read and zeroed (every thread calls it)."""
+    """Top-p's candidates: the row's count of bin first_bin (hist[row, BINS:]), all count
+    bins read and zeroed (every thread calls it)."""
     tid = cuda.threadIdx.x
     nt = cuda.blockDim.x
     got = cuda.local.array(BINS_PER_THREAD, int64)
@@ -432,7 +435,7 @@ def count_from(hist, row, first_bin, buf):
         got[k] = cuda.atomic.exch(hist, (row, BINS + tid + k * nt), int64(0))
     mine = int64(0)
     for k in range(BINS_PER_THREAD):
-        if tid + k * nt >= first_bin:
+        if tid + k * nt == first_bin:
             mine += got[k]
     return block_sum(buf, mine)
 
@@ -481,8 +484,9 @@ def _radix_kernel(use_mass: bool):
     phase = MODE_TOP_P if use_mass else MODE_TOP_K
 
     def kernel(
-        logits, chunk_len, digit, iparams, fparams, ticket, hist, rowf, rowi, cand_val, cand_idx
-    ):
+        logits, chunk_len, digit, iparams, fparams, uparams, ticket, best, hist, rowf, rowi,
+        cand_val, cand_idx,
+    ):  # fmt: skip
         grid_dependency_sync()
         row = cuda.blockIdx.x
         mode = rowi[R_MODE, row]
@@ -495,6 +499,7 @@ def _radix_kernel(use_mass: bool):
         counting = use_mass and digit == 0  # top-p's first digit also counts its bins
         hc = cuda.shared.array(BINS, int32)
         hs = cuda.shared.array(BINS, int64)
+        buf = cuda.shared.array(SLOTS, int64)
         scan = cuda.shared.array(THREADS, int64)
         sel = cuda.shared.array(2, int64)
         flag = cuda.shared.array(1, int32)
@@ -516,6 +521,9 @@ def _radix_kernel(use_mass: bool):
         start, end = block_share(rowi, row, compact, chunk_len, logits.shape[1])
         xs = cuda.local.array(UNROLL, float32)
         vs = cuda.local.array(UNROLL, int32)
+        seed = uparams[U_SEED, row]
+        step = uparams[U_STEP, row]
+        cand = int64(NONE)
         for base in range(start + tid, end, nt * UNROLL):
             for u in range(UNROLL):
                 load(
@@ -525,7 +533,10 @@ def _radix_kernel(use_mass: bool):
                 x = xs[u] / scale
                 if base + u * nt < end and kept(x, min_bound, kth):
                     key = int64(ordered_key(x))
-                    if compacting and (key >> 21) >= (prefix >> 21):
+                    if compacting and use_mass and (key >> 21) > (prefix >> 21):
+                        # Above top-p's cut bin: kept whatever the cut, drawn for here.
+                        cand = max(cand, pack(x + gumbel(seed, step, vs[u]), vs[u]))
+                    elif compacting and (key >> 21) >= (prefix >> 21):
                         slot = cuda.atomic.add(rowi, (R_COUNT, row), 1)
                         if slot < capacity:
                             cand_val[row, slot] = xs[u]  # as stored: read / scale again
@@ -539,6 +550,10 @@ def _radix_kernel(use_mass: bool):
                         cuda.atomic.add(hs, (key >> shift) & (bins - 1), weight)
                         if counting:
                             cuda.atomic.add(hc, key >> shift, int32(1))
+        if compacting and use_mass:
+            cand = block_max(buf, cand)
+            if tid == 0 and cand >= 0:
+                cuda.atomic.max(best, row, cand)
         cuda.syncthreads()
         for b in range(tid, bins, nt):
             if hs[b] != 0:
@@ -555,7 +570,7 @@ def _radix_kernel(use_mass: bool):
         find_bin(hs, bins, scan, remain, sel)
         bound = int64(UNKNOWN)
         if counting:  # (every thread: the count bins are zeroed for the next pass too)
-            bound = count_from(hist, row, sel[0], scan)
+            bound = count_from(hist, row, sel[0], scan)  # bin B_p's kept scores
         if tid != 0:
             return
         if counting:
@@ -712,8 +727,8 @@ def sample(
     for kernel, digits in ((radix_count_kernel, (1, 2)), (radix_mass_kernel, (0, 1, 2))):
         for digit in digits:
             kernel[grid, THREADS, stream](
-                logits, chunk_len, digit, iparams, fparams, s.ticket, s.hist, s.rowf, s.rowi,
-                s.cand_val, s.cand_idx,
+                logits, chunk_len, digit, iparams, fparams, uparams, s.ticket, s.best, s.hist,
+                s.rowf, s.rowi, s.cand_val, s.cand_idx,
             )  # fmt: skip
     gumbel_kernel[grid, THREADS, stream](
         logits, chunk_len, iparams, uparams, state, s.ticket, s.best, s.rowf, s.rowi, s.cand_val,
