@@ -50,17 +50,11 @@ Candidates: after the first digit of either search picks bin B, nothing below B 
 of what both keep; top-p's bins >= B_p hold its whole nucleus, and its normaliser Z was summed
 over the whole row in the first digit). So the second digit's pass also copies every kept
 score of bins >= B (score as stored and token id, through a per-row atomic counter) into the
-row's candidate buffer, if they fit (CANDIDATES, 8,192 a row: the first digit counted them),
-and the row turns compact: every later pass (the last digit, the other search, the draw)
-reads the copy instead of the row. Top-k copies bins >= B_k (bounded in pass 1 by their
-finite scores: about k plus bin B_k). Top-p, the last search, copies bin B_p alone: every
-kept score above it is kept whatever the cut, so that pass draws their Gumbel-max right away
-(into the row's packed-max slot, which the draw's last block reads with the copy's), and a
-nucleus of thousands of tokens still compacts when its cut bin is small (top-p's first digit
-counts its bins beside the masses). So top-k + top-p reads the full row in 2 passes instead
-of 8, top-p alone in 3 instead of 5 (~45 us each at batch 256 x 128,256, from HBM). A row
-whose copy would overflow (a flat distribution, a vocabulary of equal logits) copies nothing
-(no per-score atomics on its counter) and keeps reading the logits: the same results.
+row's candidate buffer; if they fit (CANDIDATES, 8,192 a row), the row turns compact and every
+later pass (the last digit, the other search, the draw) reads the copy instead of the row:
+top-k + top-p reads the full row in 2 passes instead of 8, top-p alone in 3 instead of 5
+(~45 us each at batch 256 x 128,256, from HBM). A row whose bins >= B overflow the buffer (a
+flat distribution, a vocabulary of equal logits) keeps reading the logits: the same results.
 
 Rows a pass has nothing to do for (an inactive phase) return at once: a temperature-only step
 still launches all seven kernels, the last six of them empty blocks.
@@ -71,11 +65,10 @@ that takes the last ticket reads the row's result with atomic exchanges (which r
 histogram and slot for the next pass, and never see a stale L1 line), resets the ticket and
 writes the row's threshold state for the next kernel.
 
-Scratch (SamplerScratch, allocated once by sampler_scratch, ~96 KB a row: 24 MB at 256 rows):
-the tickets, the packed-max slots and the [rows, 2 x 2048] int64 histogram, all left zeroed (or
+Scratch (SamplerScratch, allocated once by sampler_scratch, ~80 KB a row: 20 MB at 256 rows):
+the tickets, the packed-max slots and the [rows, 2048] int64 histogram, all left zeroed (or
 -1) by the last blocks, the per-row thresholds (rowf: max, min_p bound, kth, top-p t, Z,
-scale; rowi: mode, prefix, remaining count or mass, candidates copied, candidates counted,
-digit), and the candidate buffers
+scale; rowi: mode, prefix, remaining count or mass, candidates), and the candidate buffers
 (64 KB a row).
 
 Ties: argmax and Gumbel-max take the smallest index among equal values (np.argmax); top-k and
@@ -95,7 +88,7 @@ import numpy as np
 from numba import cuda, float32, float64, int32, int64, uint16, uint64
 
 from gpu.kernels.bf16 import key_to_f32, ordered_key
-from gpu.kernels.block_reduce import block_max, block_sum
+from gpu.kernels.block_reduce import block_max
 from gpu.kernels.launch import MAX_THREADS, SIMULATOR, cdiv, device_function, no_ring, threads
 from gpu.kernels.pdl import grid_dependency_sync
 from gpu.sampling.rng import MIX1, MIX2, SEED_MUL, STEP_MUL, TOKEN_MUL
@@ -120,8 +113,7 @@ SLOTS = MAX_THREADS // 32  # block_max's scratch (a slot per warp; 32 threads in
 # rowf rows
 R_MAX, R_MIN_BOUND, R_KTH, R_P_T, R_Z, R_SCALE = range(6)
 # rowi rows
-R_MODE, R_PREFIX, R_REMAIN, R_COUNT, R_DIGIT, R_BOUND = range(6)
-UNKNOWN = 1 << 62  # R_BOUND before a first digit has counted the candidates
+R_MODE, R_PREFIX, R_REMAIN, R_COUNT, R_DIGIT = range(5)
 # mode bits
 MODE_TRUNCATE, MODE_TOP_K, MODE_TOP_P, MODE_COMPACT = 1, 2, 4, 8
 CANDIDATES = 8192  # scores a row's copy holds (SamplerScratch.cand_val)
@@ -136,12 +128,12 @@ SIGNATURES = {
         f" {_STATE}, {_SCRATCH}, int64[:, ::1], int32[::1], int32[:, ::1], int32[::1])"
     ],
     "radix_count_kernel": [
-        "void(float32[:, ::1], int64, int64, int32[:, ::1], float32[:, ::1], uint64[:, ::1],"
-        f" int32[::1], int64[::1], int64[:, ::1], float32[:, ::1], int64[:, ::1], {_CANDIDATES})"
+        "void(float32[:, ::1], int64, int64, int32[:, ::1], float32[:, ::1],"
+        f" int32[::1], int64[:, ::1], float32[:, ::1], int64[:, ::1], {_CANDIDATES})"
     ],
     "radix_mass_kernel": [
-        "void(float32[:, ::1], int64, int64, int32[:, ::1], float32[:, ::1], uint64[:, ::1],"
-        f" int32[::1], int64[::1], int64[:, ::1], float32[:, ::1], int64[:, ::1], {_CANDIDATES})"
+        "void(float32[:, ::1], int64, int64, int32[:, ::1], float32[:, ::1],"
+        f" int32[::1], int64[:, ::1], float32[:, ::1], int64[:, ::1], {_CANDIDATES})"
     ],
     "gumbel_kernel": [
         "void(float32[:, ::1], int64, int32[:, ::1], uint64[:, ::1],"
@@ -354,7 +346,6 @@ def scores_kernel(
             rowi[R_REMAIN, row] = 0
             rowi[R_COUNT, row] = 0
             rowi[R_DIGIT, row] = 0
-            rowi[R_BOUND, row] = UNKNOWN
     if not fold:
         return
     # Top-k's first digit, over every finite score (the min_p bound is not known yet). Exact
@@ -371,7 +362,6 @@ def scores_kernel(
             rowi[R_PREFIX, row] = sel[0] << 21
             rowi[R_REMAIN, row] = top_k - sel[1]
             rowi[R_DIGIT, row] = 1
-            rowi[R_BOUND, row] = sel[1] + hs[sel[0]]  # finite scores of bins >= B_k
 
 
 @device_function
@@ -425,22 +415,6 @@ def read_histogram(hist, row, bins, hs, scan):
 
 
 @device_function
-def count_from(hist, row, first_bin, buf):
-    """Top-p's candidates: the row's count of bin first_bin (hist[row, BINS:]), all count
-    bins read and zeroed (every thread calls it)."""
-    tid = cuda.threadIdx.x
-    nt = cuda.blockDim.x
-    got = cuda.local.array(BINS_PER_THREAD, int64)
-    for k in range(BINS_PER_THREAD):
-        got[k] = cuda.atomic.exch(hist, (row, BINS + tid + k * nt), int64(0))
-    mine = int64(0)
-    for k in range(BINS_PER_THREAD):
-        if tid + k * nt == first_bin:
-            mine += got[k]
-    return block_sum(buf, mine)
-
-
-@device_function
 def find_bin(hs, bins, scan, remain, sel):
     """sel[0] = the bin where the sum from the top reaches remain (-1: never), sel[1] = the
     sum of the bins above it (after read_histogram; every thread calls it)."""
@@ -484,22 +458,16 @@ def _radix_kernel(use_mass: bool):
     phase = MODE_TOP_P if use_mass else MODE_TOP_K
 
     def kernel(
-        logits, chunk_len, digit, iparams, fparams, uparams, ticket, best, hist, rowf, rowi,
-        cand_val, cand_idx,
-    ):  # fmt: skip
+        logits, chunk_len, digit, iparams, fparams, ticket, hist, rowf, rowi, cand_val, cand_idx
+    ):
         grid_dependency_sync()
         row = cuda.blockIdx.x
         mode = rowi[R_MODE, row]
         if (mode & phase) == 0 or rowi[R_DIGIT, row] != digit:
             return
         compact = (mode & MODE_COMPACT) != 0
-        capacity = cand_val.shape[1]
-        # Copy the candidates out in this pass if the first digit counted few enough.
-        compacting = digit == 1 and not compact and rowi[R_BOUND, row] <= capacity
-        counting = use_mass and digit == 0  # top-p's first digit also counts its bins
-        hc = cuda.shared.array(BINS, int32)
+        compacting = digit == 1 and not compact  # copy the candidates out in this pass
         hs = cuda.shared.array(BINS, int64)
-        buf = cuda.shared.array(SLOTS, int64)
         scan = cuda.shared.array(THREADS, int64)
         sel = cuda.shared.array(2, int64)
         flag = cuda.shared.array(1, int32)
@@ -516,14 +484,11 @@ def _radix_kernel(use_mass: bool):
         scale = rowf[R_SCALE, row]
         for b in range(tid, bins, nt):
             hs[b] = 0
-            hc[b] = 0
         cuda.syncthreads()
         start, end = block_share(rowi, row, compact, chunk_len, logits.shape[1])
+        capacity = cand_val.shape[1]
         xs = cuda.local.array(UNROLL, float32)
         vs = cuda.local.array(UNROLL, int32)
-        seed = uparams[U_SEED, row]
-        step = uparams[U_STEP, row]
-        cand = int64(NONE)
         for base in range(start + tid, end, nt * UNROLL):
             for u in range(UNROLL):
                 load(
@@ -533,10 +498,7 @@ def _radix_kernel(use_mass: bool):
                 x = xs[u] / scale
                 if base + u * nt < end and kept(x, min_bound, kth):
                     key = int64(ordered_key(x))
-                    if compacting and use_mass and (key >> 21) > (prefix >> 21):
-                        # Above top-p's cut bin: kept whatever the cut, drawn for here.
-                        cand = max(cand, pack(x + gumbel(seed, step, vs[u]), vs[u]))
-                    elif compacting and (key >> 21) >= (prefix >> 21):
+                    if compacting and (key >> 21) >= (prefix >> 21):
                         slot = cuda.atomic.add(rowi, (R_COUNT, row), 1)
                         if slot < capacity:
                             cand_val[row, slot] = xs[u]  # as stored: read / scale again
@@ -548,18 +510,10 @@ def _radix_kernel(use_mass: bool):
                         else:
                             weight = int64(1)
                         cuda.atomic.add(hs, (key >> shift) & (bins - 1), weight)
-                        if counting:
-                            cuda.atomic.add(hc, key >> shift, int32(1))
-        if compacting and use_mass:
-            cand = block_max(buf, cand)
-            if tid == 0 and cand >= 0:
-                cuda.atomic.max(best, row, cand)
         cuda.syncthreads()
         for b in range(tid, bins, nt):
             if hs[b] != 0:
                 cuda.atomic.add(hist, (row, b), hs[b])
-            if counting and hc[b] != 0:
-                cuda.atomic.add(hist, (row, BINS + b), int64(hc[b]))
         if not last_block(ticket, row, flag):
             return
         total = read_histogram(hist, row, bins, hs, scan)
@@ -568,13 +522,8 @@ def _radix_kernel(use_mass: bool):
         else:
             remain = rowi[R_REMAIN, row]
         find_bin(hs, bins, scan, remain, sel)
-        bound = int64(UNKNOWN)
-        if counting:  # (every thread: the count bins are zeroed for the next pass too)
-            bound = count_from(hist, row, sel[0], scan)  # bin B_p's kept scores
         if tid != 0:
             return
-        if counting:
-            rowi[R_BOUND, row] = bound if sel[0] >= 0 else UNKNOWN
         if digit == 0:
             rowf[R_Z, row] = float32(float64(total) / MASS_SCALE)
         done = sel[0] < 0
@@ -664,9 +613,8 @@ class SamplerScratch:
     ticket: object  # int32 [max_rows]: blocks of the row done with the current pass
     best: object  # int64 [max_rows]: the packed max of the current pass (NONE when idle)
     rowf: object  # float32 [6, max_rows]: R_MAX, R_MIN_BOUND, R_KTH, R_P_T, R_Z, R_SCALE
-    rowi: object  # int64 [6, max_rows]: R_MODE, R_PREFIX, R_REMAIN, R_COUNT, R_DIGIT, R_BOUND
-    hist: object  # int64 [max_rows, 2 * BINS]: the row's radix histogram, and top-p's first
-    # digit's counts (zero when idle)
+    rowi: object  # int64 [5, max_rows]: R_MODE, R_PREFIX, R_REMAIN, R_COUNT, R_DIGIT
+    hist: object  # int64 [max_rows, BINS]: the row's radix histogram (zero when idle)
     cand_val: object  # float32 [max_rows, candidates]: a compact row's scores (as stored)
     cand_idx: object  # int32 [max_rows, candidates]: ... and their token ids
     max_rows: int
@@ -676,8 +624,8 @@ class SamplerScratch:
 def sampler_scratch(
     max_rows: int, vocab: int, stream=0, candidates: int = CANDIDATES
 ) -> SamplerScratch:
-    """The sampler's scratch for up to max_rows rows of vocab logits (96 KB a row with the
-    default 8,192 candidates: 24 MB at 256 rows)."""
+    """The sampler's scratch for up to max_rows rows of vocab logits (80 KB a row with the
+    default 8,192 candidates: 20 MB at 256 rows)."""
     if vocab >= 2**19:
         raise ValueError("the fixed-point top-p masses hold vocabularies under 2**19")
     rows = max(max_rows, 1)
@@ -685,8 +633,8 @@ def sampler_scratch(
         ticket=cuda.to_device(np.zeros(rows, np.int32), stream=stream),
         best=cuda.to_device(np.full(rows, NONE, np.int64), stream=stream),
         rowf=cuda.to_device(np.zeros((6, rows), np.float32), stream=stream),
-        rowi=cuda.to_device(np.zeros((6, rows), np.int64), stream=stream),
-        hist=cuda.to_device(np.zeros((rows, 2 * BINS), np.int64), stream=stream),
+        rowi=cuda.to_device(np.zeros((5, rows), np.int64), stream=stream),
+        hist=cuda.to_device(np.zeros((rows, BINS), np.int64), stream=stream),
         cand_val=cuda.device_array((rows, candidates), np.float32, stream=stream),
         cand_idx=cuda.device_array((rows, candidates), np.int32, stream=stream),
         max_rows=max_rows,
@@ -727,8 +675,8 @@ def sample(
     for kernel, digits in ((radix_count_kernel, (1, 2)), (radix_mass_kernel, (0, 1, 2))):
         for digit in digits:
             kernel[grid, THREADS, stream](
-                logits, chunk_len, digit, iparams, fparams, uparams, s.ticket, s.best, s.hist,
-                s.rowf, s.rowi, s.cand_val, s.cand_idx,
+                logits, chunk_len, digit, iparams, fparams, s.ticket, s.hist, s.rowf, s.rowi,
+                s.cand_val, s.cand_idx,
             )  # fmt: skip
     gumbel_kernel[grid, THREADS, stream](
         logits, chunk_len, iparams, uparams, state, s.ticket, s.best, s.rowf, s.rowi, s.cand_val,

@@ -168,20 +168,59 @@ def passes(logits, f, i, u, state, scratch, out, ring, slot) -> list:
     rows, vocab = logits.shape
     chunks, chunk_len = sampling.chunking(rows, vocab)
     grid, threads, s = (rows, chunks), sampling.THREADS, scratch
-    head = (logits, chunk_len, f, i, u, state, s.ticket, s.best, s.rowf, s.rowi, s.hist)
-    calls = [lambda: sampling.scores_kernel[grid, threads, stream](*head, out, ring, slot)]
-    radix = (sampling.radix_count_kernel, (1, 2)), (sampling.radix_mass_kernel, (0, 1, 2))
-    for kernel, digits in radix:
+    calls = [
+        lambda: sampling.scores_kernel[grid, threads, stream](
+            logits,
+            chunk_len,
+            f,
+            i,
+            u,
+            state,
+            s.ticket,
+            s.best,
+            s.rowf,
+            s.rowi,
+            s.hist,
+            out,
+            ring,
+            slot,
+        )  # fmt: skip
+    ]
+    for kernel, digits in ((sampling.radix_count_kernel, (1, 2)), (sampling.radix_mass_kernel,
+                                                                   (0, 1, 2))):  # fmt: skip
         for digit in digits:
-            args = (logits, chunk_len, digit, i, f, u, s.ticket, s.best, s.hist, s.rowf, s.rowi)
             calls.append(
-                lambda kernel=kernel, args=args: kernel[grid, threads, stream](
-                    *args, s.cand_val, s.cand_idx
-                )
+                lambda kernel=kernel, digit=digit: kernel[grid, threads, stream](
+                    logits,
+                    chunk_len,
+                    digit,
+                    i,
+                    f,
+                    s.ticket,
+                    s.hist,
+                    s.rowf,
+                    s.rowi,
+                    s.cand_val,
+                    s.cand_idx,
+                )  # fmt: skip
             )
-    tail = (logits, chunk_len, i, u, state, s.ticket, s.best, s.rowf, s.rowi, s.cand_val)
     calls.append(
-        lambda: sampling.gumbel_kernel[grid, threads, stream](*tail, s.cand_idx, out, ring, slot)
+        lambda: sampling.gumbel_kernel[grid, threads, stream](
+            logits,
+            chunk_len,
+            i,
+            u,
+            state,
+            s.ticket,
+            s.best,
+            s.rowf,
+            s.rowi,
+            s.cand_val,
+            s.cand_idx,
+            out,
+            ring,
+            slot,
+        )  # fmt: skip
     )
     return calls
 
