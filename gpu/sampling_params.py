@@ -6,12 +6,25 @@ site instead of a NaN in the middle of a batch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from numbers import Real
 
 # Below this temperature we treat the request as greedy (vLLM does the same).
 _GREEDY_EPS = 1e-5
+
+# The float fields: each must be a finite number before its range is checked, since NaN fails
+# every comparison and inf passes the one-sided ones (an infinite temperature samples noise).
+_FLOAT_FIELDS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+)
 
 
 class RequestOutputKind(Enum):
@@ -60,7 +73,11 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.n != 1:
             raise ValueError(f"n must be 1 (parallel sampling is not supported), got {self.n}")
-        if not self.temperature >= 0.0:  # also catches NaN
+        for name in _FLOAT_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+        if not self.temperature >= 0.0:
             raise ValueError(f"temperature must be non-negative, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
@@ -88,14 +105,8 @@ class SamplingParams:
             )
         if self.seed is not None and not (isinstance(self.seed, int) and self.seed >= 0):
             raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
-        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        if any(not isinstance(s, str) or not s for s in stop):
-            raise ValueError("stop strings must be non-empty strings")
-        self._stop = tuple(stop)
-        ids = list(self.stop_token_ids or [])
-        if any(not isinstance(t, int) or t < 0 for t in ids):
-            raise ValueError("stop_token_ids must be non-negative integers")
-        self._stop_token_ids = tuple(ids)
+        self._stop = _stop_strings(self.stop)
+        self._stop_token_ids = _stop_token_ids(self.stop_token_ids)
 
     @property
     def greedy(self) -> bool:
@@ -116,3 +127,29 @@ class SamplingParams:
             or self.presence_penalty != 0.0
             or self.frequency_penalty != 0.0
         )
+
+
+def _stop_strings(stop: object) -> tuple[str, ...]:
+    """`stop` as a tuple: one string, or a list (any sequence) of non-empty strings."""
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, Sequence) or any(not isinstance(s, str) for s in stop):
+        raise ValueError(f"stop must be a string or a list of strings, got {stop!r}")
+    if not all(stop):
+        raise ValueError("stop strings must be non-empty strings")
+    return tuple(stop)
+
+
+def _stop_token_ids(ids: object) -> tuple[int, ...]:
+    """`stop_token_ids` as a tuple: a list (any sequence) of non-negative integers."""
+    if ids is None:
+        return ()
+    if (
+        isinstance(ids, str)
+        or not isinstance(ids, Sequence)
+        or any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in ids)
+    ):
+        raise ValueError(f"stop_token_ids must be a list of non-negative integers, got {ids!r}")
+    return tuple(ids)
