@@ -2,13 +2,23 @@
 
 One file under the tinychat home, in WAL mode so that a write never waits for a reader and a
 crash never leaves half a transaction. Every call commits at once: a chat is small, and a chat
-that survives a crash is worth a few hundred microseconds a message. A file that SQLite
-cannot read is moved aside (never deleted) and a fresh one takes its place.
+that survives a crash is worth a few hundred microseconds a message.
+
+Opening tells three failures apart, because only one of them means the file is lost:
+- corrupt (not a database, a malformed page, a failed integrity check): the file is moved
+  aside (never deleted) and a fresh one takes its place;
+- locked or busy (another program holds it): waited for up to `busy_timeout`, then reported as
+  `HistoryLocked`, the file untouched;
+- read-only (the folder or the file can't be written): the history is copied into memory and
+  the store runs without saving (`read_only`, with a `notice`), so the app still works and
+  `tinychat history` still lists the chats.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 import sqlite3
 import sys
 import time
@@ -62,27 +72,94 @@ class SessionSummary:
     num_messages: int
 
 
+DEFAULT_BUSY_TIMEOUT = 5.0  # seconds to wait for another program's lock on the history
+
+
+class HistoryError(Exception):
+    """The history can't be opened, and the file was left as it is (the message says why)."""
+
+
+class HistoryLocked(HistoryError):
+    """Another program held the history locked for longer than the busy timeout."""
+
+
+class _Corrupt(sqlite3.DatabaseError):
+    """SQLite opened the file, but what is in it can't be used."""
+
+
 class HistoryStore:
     """The chat history database. Use `HistoryStore.open(path)`; read `notice` afterwards."""
 
-    def __init__(self, connection: sqlite3.Connection, path: Path, notice: str | None) -> None:
+    def __init__(
+        self,
+        connection: sqlite3.Connection,
+        path: Path,
+        notice: str | None,
+        *,
+        read_only: bool = False,
+    ) -> None:
         self._db = connection
         self.path = path
-        self.notice = notice  # set when a corrupt file was moved aside: tell the user
+        self.notice = notice  # set when the file was moved aside or is read-only: tell the user
+        self.read_only = read_only  # True: the chats live in memory only, nothing is saved
 
     @classmethod
-    def open(cls, path: Path | None = None) -> HistoryStore:
+    def open(
+        cls, path: Path | None = None, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT
+    ) -> HistoryStore:
+        """Open (or create) the history; HistoryError if it is locked or unreadable for a
+        reason other than corruption. Only a corrupt file is ever renamed."""
         path = Path(path) if path is not None else history_path()
-        path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            return cls(_connect(path), path, None)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            return cls(_connect(path, busy_timeout), path, None)
+        except OSError as error:
+            if error.errno not in _READ_ONLY_ERRNOS:
+                raise HistoryError(
+                    f"The chat history at {path} can't be opened: {error}"
+                ) from error
+            return cls._open_read_only(path, busy_timeout)
+        except _Corrupt as error:
+            reason = str(error)
         except sqlite3.DatabaseError as error:
-            moved = _move_aside(path)
-            notice = (
-                f"The chat history at {path} could not be read ({error}); it was moved to "
-                f"{moved} and a new history was started."
-            )
-            return cls(_connect(path), path, notice)
+            kind = _classify(error, path)
+            if kind == "locked":
+                raise HistoryLocked(
+                    f"The chat history at {path} is locked by another program (waited "
+                    f"{busy_timeout:g} s); it was left untouched. Try again once that program "
+                    "is done with it."
+                ) from error
+            if kind == "read-only":
+                return cls._open_read_only(path, busy_timeout)
+            if kind != "corrupt":
+                raise HistoryError(
+                    f"The chat history at {path} can't be opened ({error}); it was left untouched."
+                ) from error
+            reason = str(error)
+        moved = _move_aside(path)
+        notice = (
+            f"The chat history at {path} could not be read ({reason}); it was moved to "
+            f"{moved} and a new history was started."
+        )
+        return cls(_connect(path, busy_timeout), path, notice)
+
+    @classmethod
+    def _open_read_only(cls, path: Path, busy_timeout: float) -> HistoryStore:
+        """The history copied into memory (empty if there is none): the app runs, and
+        nothing it writes reaches the disk."""
+        memory = sqlite3.connect(":memory:", isolation_level=None)
+        if path.exists():
+            source = _connect_read_only(path, busy_timeout)
+            try:
+                source.backup(memory)
+            finally:
+                source.close()
+        memory.execute("PRAGMA foreign_keys = ON")
+        memory.executescript(SCHEMA)
+        folder_ok = os.access(path.parent, os.W_OK)
+        where = f"The chat history {path}" if folder_ok else f"The folder {path.parent}"
+        notice = f"{where} is read-only, so this run's chats will not be saved."
+        return cls(memory, path, notice, read_only=True)
 
     def close(self) -> None:
         self._db.close()
@@ -208,25 +285,66 @@ class HistoryStore:
             )
 
 
-def _connect(path: Path) -> sqlite3.Connection:
-    """Open (or create) the database and check that SQLite can really read it."""
-    db = sqlite3.connect(path, isolation_level=None)  # autocommit; `with db:` groups writes
+_READ_ONLY_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM)
+_CORRUPT_CODES = ("SQLITE_NOTADB", "SQLITE_CORRUPT")
+
+
+def _connect(path: Path, busy_timeout: float) -> sqlite3.Connection:
+    """Open (or create) the database, check that SQLite can really read it, and take the
+    write lock once (schema and version in one transaction) so a lock shows up here."""
+    # autocommit; `with db:` groups writes. timeout: SQLite's busy handler waits for locks.
+    db = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None)
     try:
         db.execute("PRAGMA journal_mode = WAL")
         db.execute("PRAGMA synchronous = NORMAL")
         db.execute("PRAGMA foreign_keys = ON")
         (status,) = db.execute("PRAGMA quick_check").fetchone()
         if status != "ok":
-            raise sqlite3.DatabaseError(f"integrity check failed: {status}")
+            raise _Corrupt(f"integrity check failed: {status}")
         (version,) = db.execute("PRAGMA user_version").fetchone()
         if version > SCHEMA_VERSION:
-            raise sqlite3.DatabaseError(f"written by a newer tinychat (schema {version})")
-        db.executescript(SCHEMA)
-        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            raise _Corrupt(f"written by a newer tinychat (schema {version})")
+        db.executescript(
+            f"BEGIN IMMEDIATE; {SCHEMA}; PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+        )
     except sqlite3.DatabaseError:
         db.close()
         raise
     return db
+
+
+def _connect_read_only(path: Path, busy_timeout: float) -> sqlite3.Connection:
+    """Open the file for reading only. A WAL database needs its -shm file, which a read-only
+    folder may not let SQLite create: then read it as immutable (no one else can write it
+    either, since the folder is read-only)."""
+    uri = path.resolve().as_uri()
+    try:
+        db = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=busy_timeout)
+        db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+        return db
+    except sqlite3.OperationalError:
+        return sqlite3.connect(f"{uri}?immutable=1", uri=True, timeout=busy_timeout)
+
+
+def _classify(error: sqlite3.DatabaseError, path: Path) -> str:
+    """ "corrupt", "locked", "read-only" or "other": only "corrupt" may move the file aside."""
+    name = getattr(error, "sqlite_errorname", "") or ""
+    text = str(error).lower()
+    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "locked" in text:
+        return "locked"
+    if name.startswith("SQLITE_READONLY") or "readonly" in text or "read-only" in text:
+        return "read-only"
+    if name.startswith("SQLITE_CANTOPEN") and not _writable(path):
+        return "read-only"
+    if name.startswith(_CORRUPT_CODES) or "not a database" in text or "malformed" in text:
+        return "corrupt"
+    return "other"
+
+
+def _writable(path: Path) -> bool:
+    """Whether SQLite can write the file and create its -wal and -shm files beside it."""
+    folder_ok = os.access(path.parent, os.W_OK | os.X_OK)
+    return folder_ok and (not path.exists() or os.access(path, os.W_OK))
 
 
 def _move_aside(path: Path) -> Path:
@@ -255,7 +373,11 @@ def add_history_arguments(parser: argparse.ArgumentParser) -> None:
 
 def print_history(args: argparse.Namespace) -> int:
     """List past chats, newest first: id (for --resume), title, when, number of messages."""
-    store = HistoryStore.open(getattr(args, "history_path", None))
+    try:
+        store = HistoryStore.open(getattr(args, "history_path", None))
+    except HistoryError as error:
+        print(f"tinychat: error: {error}", file=sys.stderr)
+        return 1
     try:
         if store.notice:
             print(f"tinychat: {store.notice}", file=sys.stderr)

@@ -1,14 +1,18 @@
-"""HistoryStore and `tinychat history`: chats kept in SQLite, and a corrupt file moved aside."""
+"""HistoryStore and `tinychat history`: chats kept in SQLite; a corrupt file moved aside, a
+locked or read-only one never."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
 
-from chat_app.history import HistoryStore, add_history_arguments, print_history
+from chat_app import history
+from chat_app.history import HistoryLocked, HistoryStore, add_history_arguments, print_history
 from chat_app.session import ChatMessage
 
 
@@ -136,3 +140,123 @@ def test_print_history_survives_a_corrupt_file(tmp_path: Path, capsys, garbage: 
     assert print_history(_history_args(tmp_path)) == 0
     captured = capsys.readouterr()
     assert "moved to" in captured.err
+
+
+# -- only real corruption moves a file aside ------------------------------------------------
+
+
+def _history_with_a_chat(path: Path) -> int:
+    store = HistoryStore.open(path)
+    sid = store.create_session("kept", "{}")
+    store.add_message(sid, ChatMessage("user", "still here", "stop"))
+    store.close()
+    return sid
+
+
+def test_a_locked_history_is_waited_for_then_reported_and_left_alone(tmp_path: Path) -> None:
+    path = tmp_path / "history.db"
+    sid = _history_with_a_chat(path)
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    started = time.monotonic()
+    with pytest.raises(HistoryLocked, match="locked"):
+        HistoryStore.open(path, busy_timeout=0.3)
+    assert time.monotonic() - started >= 0.25  # it waited for the lock first
+    holder.execute("COMMIT")
+    holder.close()
+    assert not list(tmp_path.glob("history.db.corrupt-*"))
+    record = HistoryStore.open(path).load_session(sid)
+    assert record is not None and record.messages[0].content == "still here"
+
+
+def test_tinychat_history_reports_a_locked_history(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "history.db"
+    _history_with_a_chat(path)
+    monkeypatch.setattr("chat_app.history.DEFAULT_BUSY_TIMEOUT", 0.1)
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("PRAGMA locking_mode = EXCLUSIVE")  # readers wait too, as the issue saw
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        args = argparse.Namespace(history_path=path, limit=None)
+        assert print_history(args) == 1
+    finally:
+        holder.close()
+    err = capsys.readouterr().err
+    assert "locked" in err and "No chats yet" not in err
+    assert not list(tmp_path.glob("history.db.corrupt-*"))
+
+
+def _refuse_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite's answer for a history it can't write (chmod can't make one for root): the
+    store must fall back to reading it."""
+
+    def read_only_connect(path: Path, busy_timeout: float) -> sqlite3.Connection:
+        raise sqlite3.OperationalError("attempt to write a readonly database")
+
+    monkeypatch.setattr(history, "_connect", read_only_connect)
+
+
+def test_a_read_only_history_runs_without_saving(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "history.db"
+    sid = _history_with_a_chat(path)
+    before = path.read_bytes()
+    _refuse_writes(monkeypatch)
+    store = HistoryStore.open(path)
+    assert store.read_only
+    assert store.notice is not None and "read-only" in store.notice
+    assert "not be saved" in store.notice
+    record = store.load_session(sid)  # the old chats still read...
+    assert record is not None and record.messages[0].content == "still here"
+    new = store.create_session("new", "{}")  # ...and new ones work, in memory only
+    store.add_message(new, ChatMessage("user", "unsaved", "stop"))
+    store.close()
+    monkeypatch.undo()
+    assert path.read_bytes() == before
+    assert not list(tmp_path.glob("history.db.corrupt-*"))
+    assert HistoryStore.open(path).load_session(new) is None
+
+
+def test_a_read_only_folder_with_no_history_yet_still_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _refuse_writes(monkeypatch)
+    store = HistoryStore.open(tmp_path / "history.db")
+    assert store.read_only and "read-only" in (store.notice or "")
+    assert store.list_sessions() == []
+    assert not (tmp_path / "history.db").exists()
+
+
+def test_tinychat_history_lists_a_read_only_history(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "history.db"
+    _history_with_a_chat(path)
+    _refuse_writes(monkeypatch)
+    assert print_history(argparse.Namespace(history_path=path, limit=None)) == 0
+    out, err = capsys.readouterr()
+    assert "kept" in out and "read-only" in err
+    assert not list(tmp_path.glob("history.db.corrupt-*"))
+
+
+@pytest.mark.skipif(
+    os.geteuid() == 0 if hasattr(os, "geteuid") else True,
+    reason="as root chmod does not make a folder read-only",
+)
+def test_a_chmod_read_only_folder_is_not_called_corrupt(tmp_path: Path) -> None:
+    path = tmp_path / "history.db"
+    _history_with_a_chat(path)
+    for side in tmp_path.glob("history.db-*"):
+        side.unlink()
+    tmp_path.chmod(0o555)
+    try:
+        store = HistoryStore.open(path)
+        assert store.read_only and "read-only" in (store.notice or "")
+        assert [s.title for s in store.list_sessions()] == ["kept"]
+        store.close()
+        assert not list(tmp_path.glob("history.db.corrupt-*"))
+    finally:
+        tmp_path.chmod(0o755)
