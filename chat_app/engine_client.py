@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Awaitable
+from dataclasses import dataclass
 from typing import Protocol
 
 from chat_app.bridge import OutputBridge, StreamUpdate
-from chat_app.engine_api import EngineThread
+from chat_app.context_window import fit_chat
+from chat_app.engine_api import EngineThread, Tokenizer
 from gpu.outputs import EngineStats
 from gpu.sampling_params import SamplingParams
 
@@ -25,6 +27,18 @@ class ReplySink(Protocol):
     """Whoever shows a reply: receives that request's updates, in order, on the UI thread."""
 
     def on_stream_update(self, update: StreamUpdate) -> Awaitable[None]: ...
+
+
+@dataclass(frozen=True)
+class ReplyStarted:
+    """A queued reply: its request id, and how many of the oldest turns the model can't see."""
+
+    request_id: str
+    dropped_turns: int
+
+
+def _encode(tokenizer: Tokenizer, chat: list[dict[str, str]]) -> list[int]:
+    return list(tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True))
 
 
 class EngineClient:
@@ -82,25 +96,25 @@ class EngineClient:
 
     def start_reply(
         self, chat: list[dict[str, str]], params: SamplingParams, sink: ReplySink, label: str
-    ) -> str:
-        """Queue a reply to `chat`; returns its request id.
+    ) -> ReplyStarted:
+        """Queue a reply to `chat`, its oldest turns dropped if it outgrew the context.
 
         Raises EngineUnavailable while there is no engine, and ValueError when the engine
-        refuses the request (a prompt longer than the context, for one).
+        refuses the request (the system prompt and newest message alone exceed the context).
         """
         if self.thread is None:
             raise EngineUnavailable(self.load_error or "The model is still loading.")
-        tokenizer = self.thread.engine.tokenizer
+        engine = self.thread.engine
         try:
-            ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
+            fitted = fit_chat(chat, lambda c: _encode(engine.tokenizer, c), engine.max_model_len)
         except Exception as error:  # a template may raise anything (raise_exception, jinja)
             raise ValueError(f"The chat template failed: {error}") from error
         request_id = f"{label}-{next(self._ids)}"
         request_id = self.thread.add_request(
-            list(ids), params, self._bridge.on_output, request_id=request_id
+            fitted.prompt_ids, params, self._bridge.on_output, request_id=request_id
         )
         self._sinks[request_id] = sink
-        return request_id
+        return ReplyStarted(request_id, fitted.dropped_turns)
 
     def stop_reply(self, request_id: str) -> None:
         """Abort a reply; whatever the engine still sends for it is dropped."""

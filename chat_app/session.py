@@ -144,7 +144,9 @@ class ChatSession:
         """The conversation for the chat template: system prompt first, then every turn.
 
         The whole history goes every time: the engine's prefix cache recognises the earlier
-        turns' tokens and prefills only what is new.
+        turns' tokens and prefills only what is new. The engine client drops the oldest turns
+        from the prompt when the chat outgrows the context (chat_app/context_window.py); the
+        session keeps them all.
         """
         chat = []
         if self.settings.system_prompt.strip():

@@ -54,6 +54,7 @@ class ChatPane(TabPane):
         self._recall_index: int | None = None
         self._reply: AssistantReply | None = None  # the reply being streamed
         self.last_metrics: RequestMetrics | None = None
+        self._out_of_view = 0  # the oldest turns the model no longer sees, as last shown
 
     # -- layout -----------------------------------------------------------------------------
 
@@ -143,7 +144,7 @@ class ChatPane(TabPane):
     async def _request_reply(self) -> bool:
         """Ask for a reply to the conversation as it stands (it ends with the user's turn)."""
         try:
-            request_id = self._client.start_reply(
+            started = self._client.start_reply(
                 self.session.prompt_messages(),
                 self.session.settings.sampling_params(),
                 self,
@@ -154,9 +155,12 @@ class ChatPane(TabPane):
             return False
         # No await between queueing the request and recording it: updates for it are
         # delivered between awaits, and must find this pane ready for them.
-        self._request_id = request_id
+        self._request_id = started.request_id
         self.last_metrics = None
         self._reply = AssistantReply(self.session.begin_reply())
+        if started.dropped_turns > self._out_of_view:
+            await self.notice(_out_of_view_text(started.dropped_turns))
+        self._out_of_view = started.dropped_turns
         await self._add(self._reply)
         return True
 
@@ -278,3 +282,8 @@ class ChatPane(TabPane):
         else:
             self._recall_index -= 1
         self.input.show_text(texts[self._recall_index])
+
+
+def _out_of_view_text(turns: int) -> str:
+    what = "The oldest turn is" if turns == 1 else f"The {turns} oldest turns are"
+    return f"{what} out of the model's view now (the context is full); the history keeps them."
