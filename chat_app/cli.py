@@ -6,8 +6,10 @@
     tinychat history              past chats (reopen one with `tinychat --resume ID`)
     tinychat bench                the benchmark (see BENCHMARKS.md)
 
-Bad input (a missing or broken model, a prompt longer than the context, a bad option value)
-ends with a one-line message and a non-zero exit status, never a traceback.
+Bad input (a missing or broken model, a prompt longer than the context, a bad option value, a
+chat id that is not in the history) ends with a one-line `tinychat: error: ...` and exit status
+1, never a traceback; a command line argparse cannot read (an unknown option, a missing value)
+keeps argparse's usage message and status 2.
 """
 
 from __future__ import annotations
@@ -20,6 +22,33 @@ from collections.abc import Callable
 
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, with an option value it cannot take (`--device tpu`, `--top-k x`) reported as
+    every other bad value is: one `tinychat: error:` line and status 1.
+
+    argparse reports every error through `error()` with status 2; the values are converted and
+    checked in `_get_values` alone, so a failure there is marked and `error()` tells the two
+    apart. The sub-commands' parsers are of this class too (argparse builds them from it).
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._bad_value = False
+
+    def _get_values(self, action: argparse.Action, arg_strings):
+        try:
+            return super()._get_values(action, arg_strings)
+        except argparse.ArgumentError:
+            # A sub-command name argparse does not know is a usage error, not a value.
+            self._bad_value = not isinstance(action, argparse._SubParsersAction)
+            raise
+
+    def error(self, message: str):
+        if self._bad_value:
+            self.exit(EXIT_ERROR, f"tinychat: error: {message}\n")
+        super().error(message)
 
 
 def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,9 +79,7 @@ def _add_sampling_arguments(parser: argparse.ArgumentParser, max_tokens: int | N
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="tinychat", description="Chat with a local LLM in your terminal."
-    )
+    parser = ArgumentParser(prog="tinychat", description="Chat with a local LLM in your terminal.")
     _add_model_arguments(parser)
     try:
         from chat_app.app import add_app_arguments
@@ -227,10 +254,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    from weights import resolve_model
+    """Fetch and convert; the default model is also checked, and converted again if broken."""
+    from weights import DEFAULT_MODEL_NAME, pull_default_model, resolve_model
 
     progress = ProgressPrinter()
-    folder = resolve_model(args.model, progress)
+    if args.model is None or args.model == DEFAULT_MODEL_NAME:
+        folder = pull_default_model(progress, verify=True)
+    else:
+        folder = resolve_model(args.model, progress)
     progress.finish()
     print(folder)
     return 0
@@ -249,9 +280,27 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return run_bench(args)
 
 
-def cmd_app(args: argparse.Namespace) -> int:
-    from chat_app.app import run_app
+def _check_resume(chat_id: int) -> None:
+    """Refuse `--resume ID` for a chat the history does not hold, before anything loads."""
+    from chat_app.history import HistoryStore
 
+    store = HistoryStore.open()
+    try:
+        if store.notice:
+            print(f"tinychat: {store.notice}", file=sys.stderr)
+        found = store.load_session(chat_id) is not None
+    finally:
+        store.close()
+    if not found:
+        raise ValueError(f"no chat {chat_id} in the history (`tinychat history` lists them)")
+
+
+def cmd_app(args: argparse.Namespace) -> int:
+    from chat_app.launch import run_app, settings_from_args
+
+    settings_from_args(args)  # bad sampling options fail here, before the model is fetched
+    if getattr(args, "resume", None) is not None:
+        _check_resume(args.resume)
     if args.model is None or args.model.endswith(".gguf"):
         from weights import resolve_model
 
@@ -278,6 +327,9 @@ def _known_errors() -> tuple[type[BaseException], ...]:
         errors.insert(0, ModelLoadError)
     except ImportError:
         pass
+    from chat_app.history import HistoryError  # a locked or unreadable history, left as it is
+
+    errors.insert(0, HistoryError)
     return tuple(errors)
 
 

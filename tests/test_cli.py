@@ -140,6 +140,97 @@ def test_bad_option_values(tiny_model):
     assert r.returncode == 1 and "temperature must be non-negative" in r.stderr
 
 
+def one_error_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tinychat: error: "), err
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "option, value", [("--temperature", "inf"), ("--top-p", "nan"), ("--repetition-penalty", "inf")]
+)
+def test_non_finite_sampling_values_are_refused(tiny_model, option, value):
+    r = tinychat("generate", "hi", "--model", str(tiny_model), "--device", "cpu", option, value)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    name = option[2:].replace("-", "_")
+    assert (
+        one_error_line(r.stderr) == f"tinychat: error: {name} must be a finite number, got {value}"
+    )
+
+
+@pytest.fixture
+def app_runs(monkeypatch, tmp_path) -> list:
+    """`tinychat` (the app) up to the point the UI would open: the runs it would have made."""
+    import chat_app.app
+    import chat_app.launch
+
+    monkeypatch.setenv("TINYCHAT_HOME", str(tmp_path / "home"))
+    runs: list = []
+
+    def run_app(args):
+        runs.append(args)
+        return 0
+
+    monkeypatch.setattr(chat_app.launch, "run_app", run_app)
+    monkeypatch.setattr(chat_app.app, "run_app", run_app)
+    return runs
+
+
+def test_the_app_refuses_bad_sampling_values_before_it_opens(tiny_model, app_runs, capsys):
+    from chat_app.cli import main
+
+    assert main(["--model", str(tiny_model), "--temperature", "inf"]) == 1
+    assert app_runs == []
+    err = one_error_line(capsys.readouterr().err)
+    assert err == "tinychat: error: temperature must be a finite number, got inf"
+
+
+def test_resume_of_a_missing_chat_is_a_command_line_error(tiny_model, app_runs, capsys):
+    from chat_app.cli import main
+    from chat_app.history import HistoryStore
+
+    store = HistoryStore.open()
+    chat_id = store.create_session("kept", "{}")
+    store.close()
+    assert main(["--model", str(tiny_model), "--resume", str(chat_id + 998)]) == 1
+    assert app_runs == []
+    err = one_error_line(capsys.readouterr().err)
+    assert err.startswith(f"tinychat: error: no chat {chat_id + 998} in the history")
+    assert main(["--model", str(tiny_model), "--resume", str(chat_id)]) == 0
+    assert [args.resume for args in app_runs] == [chat_id]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--device", "tpu"], "argument --device: invalid choice: 'tpu'"),
+        (["--top-k", "x"], "argument --top-k: invalid int value: 'x'"),
+        (["generate", "hi", "--device", "tpu"], "argument --device: invalid choice: 'tpu'"),
+        (["bench", "--max-num-seqs", "many"], "argument --max-num-seqs: invalid int value"),
+    ],
+)
+def test_a_bad_option_value_exits_1_with_one_line(argv, message, capsys):
+    """The README's promise: a bad option value is one `tinychat: error:` line, status 1."""
+    from chat_app.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 1
+    assert one_error_line(capsys.readouterr().err).startswith(f"tinychat: error: {message}")
+
+
+@pytest.mark.parametrize(
+    "argv", [["--bogus"], ["--resume"], ["generate"], ["frobnicate"], ["generate", "hi", "-x"]]
+)
+def test_a_command_line_argparse_cannot_read_keeps_its_usage_and_status_2(argv, capsys):
+    from chat_app.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert "usage: tinychat" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_generate_streams_a_reply_from_the_default_model(default_model_dir, tinychat_test_home):
     r = tinychat(
