@@ -104,12 +104,13 @@ class HistoryStore:
         self.read_only = read_only  # True: the chats live in memory only, nothing is saved
 
     @classmethod
-    def open(
-        cls, path: Path | None = None, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT
-    ) -> HistoryStore:
+    def open(cls, path: Path | None = None, *, busy_timeout: float | None = None) -> HistoryStore:
         """Open (or create) the history; HistoryError if it is locked or unreadable for a
-        reason other than corruption. Only a corrupt file is ever renamed."""
+        reason other than corruption. Only a corrupt file is ever renamed. busy_timeout:
+        seconds to wait for another program's lock (default: DEFAULT_BUSY_TIMEOUT)."""
         path = Path(path) if path is not None else history_path()
+        if busy_timeout is None:
+            busy_timeout = DEFAULT_BUSY_TIMEOUT
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             return cls(_connect(path, busy_timeout), path, None)

@@ -111,8 +111,10 @@ def run_app(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from chat_app.app import TinyChatApp
-    from chat_app.history import HistoryStore
+    from chat_app.history import HistoryError, HistoryStore
+    from chat_app.instance_lock import AlreadyRunning, InstanceLock
     from chat_app.keymap import load_keymap
+    from chat_app.paths import history_path
     from chat_app.terminal_keys import read_escape_digit_as_alt
 
     try:
@@ -124,7 +126,17 @@ def run_app(args: argparse.Namespace) -> int:
     keymap, keymap_error = load_keymap(Path(keymap_file) if keymap_file else None)
     model, device = getattr(args, "model", None), getattr(args, "device", "auto") or "auto"
     max_model_len = getattr(args, "max_model_len", None)
-    store = HistoryStore.open()
+    try:
+        lock = InstanceLock.acquire(history_path().parent)
+    except AlreadyRunning as error:
+        print(f"tinychat: error: {error}", file=sys.stderr)
+        return 1
+    try:
+        store = HistoryStore.open()
+    except HistoryError as error:
+        lock.release()
+        print(f"tinychat: error: {error}", file=sys.stderr)
+        return 1
     app = TinyChatApp(
         # The loading line shows the build's progress (the factory runs once the app exists).
         lambda: engine_factory(model, device, max_model_len, app.client.report_progress),
@@ -141,4 +153,5 @@ def run_app(args: argparse.Namespace) -> int:
     finally:
         app.client.shutdown()  # also when the app crashed: never leave the engine running
         store.close()
+        lock.release()
     return status if isinstance(status, int) else 0

@@ -1,9 +1,14 @@
-"""History across restarts: tabs come back, --fresh and --resume, a corrupt file is reported."""
+"""History across restarts: tabs come back, --fresh and --resume, a corrupt file is reported, a
+read-only one runs without saving."""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
+import pytest
+
+from chat_app import history
 from chat_app.session import ChatSettings
 from chat_app.testing import async_test, fake_app, open_tab, paste_text, wait_until
 from chat_app.widgets.messages import AssistantReply, UserMessage
@@ -111,6 +116,28 @@ async def test_a_corrupt_history_is_moved_aside_and_the_app_says_so(tmp_path: Pa
         assert moved.read_bytes().startswith(b"garbage")
         await chat(pilot, "a new history works")
         assert app.chat_screen.active_pane.session.id == 1
+
+
+@async_test
+async def test_a_read_only_history_restores_its_tabs_and_runs_without_saving(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = await first_run(tmp_path)
+    before = (tmp_path / "history.db").read_bytes()
+
+    def read_only_connect(path: Path, busy_timeout: float) -> sqlite3.Connection:
+        raise sqlite3.OperationalError("attempt to write a readonly database")
+
+    monkeypatch.setattr(history, "_connect", read_only_connect)
+    app, _ = fake_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: app.client.ready, "the engine")
+        notes = [n.message for n in app._notifications]
+        assert any("read-only" in note and "not be saved" in note for note in notes)
+        assert [pane.session.id for pane in app.chat_screen.panes] == ids
+        await chat(pilot, "this one is not saved")
+    assert (tmp_path / "history.db").read_bytes() == before
+    assert not list(tmp_path.glob("history.db.corrupt-*"))
 
 
 @async_test
