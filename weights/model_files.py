@@ -17,7 +17,8 @@ from pathlib import Path
 from .atomic import read_marker
 from .checkpoint import check_llama_tensors, checkpoint_index
 from .config import ModelConfig
-from .errors import fail
+from .default_model import REPAIR_HINT, is_default_model
+from .errors import ModelLoadError, fail
 from .generation_config import GenerationConfig
 from .paths import hf_repo_id_of
 from .safetensors_format import Tensor, TensorInfo, map_tensors
@@ -52,8 +53,19 @@ class ModelFiles:
 
 
 def open_model(folder: Path | str) -> ModelFiles:
-    """Read and check a model folder; any problem is a one-line `ModelLoadError`."""
+    """Read and check a model folder; any problem is a one-line `ModelLoadError`.
+
+    A broken default model (tinychat made it, so tinychat can make it again) says how."""
     folder = Path(folder).expanduser()
+    try:
+        return _open_model(folder)
+    except ModelLoadError as error:
+        if not is_default_model(folder):
+            raise
+        raise ModelLoadError(f"{error}; {REPAIR_HINT}") from None
+
+
+def _open_model(folder: Path) -> ModelFiles:
     if not folder.is_dir():
         raise fail(folder, "no such model folder")
     config = ModelConfig.from_json(folder / "config.json")
