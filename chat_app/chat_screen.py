@@ -26,6 +26,7 @@ from chat_app.commands import ChatCommands
 from chat_app.engine_client import EngineClient
 from chat_app.help_screen import HelpScreen
 from chat_app.history import HistoryStore
+from chat_app.paths import exports_path
 from chat_app.session import ChatSession, ChatSettings
 from chat_app.settings_screen import SettingsScreen
 from chat_app.widgets.chat_pane import ChatPane
@@ -260,7 +261,7 @@ class ChatScreen(Screen[None]):
             return
         model = self._client.thread.engine.model_name if self._client.thread else None
         try:
-            path = pane.export(self._export_dir or Path.cwd(), model)
+            path = pane.export(self._export_dir or exports_path(), model)
         except OSError as error:
             self.notify(f"Export failed: {error}", severity="error")
             return

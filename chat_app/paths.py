@@ -16,3 +16,8 @@ def history_path() -> Path:
 def keymap_path() -> Path:
     """An optional JSON file mapping binding ids to keys, e.g. {"new_chat": "ctrl+t"}."""
     return tinychat_home() / "keymap.json"
+
+
+def exports_path() -> Path:
+    """Where Ctrl+E writes chats as Markdown: the home, never the folder the app started in."""
+    return tinychat_home() / "exports"

@@ -170,6 +170,25 @@ async def test_ctrl_e_exports_markdown_and_says_where(tmp_path: Path) -> None:
 
 
 @async_test
+async def test_ctrl_e_exports_into_the_home_not_the_current_folder(tmp_path: Path, monkeypatch):
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.setenv("TINYCHAT_HOME", str(home))
+    monkeypatch.chdir(cwd)
+    app, _ = fake_app(tmp_path, export_dir=None)  # what `tinychat` runs: no folder given
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        notes = capture_notifications(app)
+        pane = app.chat_screen.active_pane
+        await send(pilot, "where to")
+        await wait_until(pilot, lambda: answered(pane), "the reply")
+        await pilot.press("ctrl+e")
+        (path,) = (home / "exports").glob("*.md")
+        assert list(cwd.iterdir()) == []
+        assert path.is_absolute() and f"Chat exported to {path}" in notes
+
+
+@async_test
 async def test_ctrl_y_copies_the_last_reply(tmp_path: Path) -> None:
     app, _ = fake_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
