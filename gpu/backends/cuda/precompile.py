@@ -16,10 +16,10 @@ bucket and each prefill/mixed bucket, greedy and sampling), and this module:
 2. Loads each from Numba's on-disk cache (gpu/kernels/compile_cache.py) where it is there:
    a warm start only pays this.
 3. Compiles the rest here, one after another, and writes each to the disk cache. Numba holds
-   the GIL and a global lock while compiling, so threads would run one at a time; and a
-   compiled kernel does not survive the trip back from another process (on numba-cuda 0.30.4
-   the unpickled kernel lacks its target context, so an H100 compiled everything twice).
-   Measured on an H100: a Llama-3.2-1B engine is ready in ~11 s from an empty cache.
+   the GIL and a global lock while compiling, so threads would run one at a time, and a
+   kernel compiled in another process cannot be installed here (numba-cuda 0.30.4's unpickled
+   kernel has no target context). On an H100 a Llama-3.2-1B engine was ready in ~11 s with
+   most of its kernels compiling.
 
 `count_compiled_kernels()` counts the kernels compiled or loaded so far in this process, for
 the test that nothing compiles after the engine is ready.
