@@ -24,7 +24,7 @@ took() { echo "   ($(( SECONDS - $1 )) s)"; }
   if [ -z "${SKIP_TESTS:-}" ]; then
     echo "== graph replay vs eager, the decode kernels vs their twins (pytest, on the GPU)"
     timeout "${T_GRAPHS:-240}" python3 -m pytest -q -p no:cacheprovider tests/test_cuda_graphs.py \
-      tests/test_cublaslt.py tests/test_async_scheduling.py tests/test_kernels_cuda_backend.py \
+      tests/test_async_scheduling.py tests/test_kernels_cuda_backend.py \
       tests/test_kernels_gemv.py tests/test_kernels_attention.py tests/test_kernels_sampling.py \
       tests/test_kernels_elementwise.py tests/test_kernels_mma.py 2>&1 | tail -15
   fi

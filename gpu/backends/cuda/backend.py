@@ -20,8 +20,7 @@ import numpy as np
 from numba import cuda
 
 from gpu.backends.base import ComposedOps
-from gpu.backends.cuda.cublas import SimulatorGemm
-from gpu.backends.cuda.cublaslt import make_gemm
+from gpu.backends.cuda.cublas import CublasGemm, SimulatorGemm
 from gpu.backends.cuda.sampler import DeviceSampler
 from gpu.forward_batch import ForwardBatch
 from gpu.kernels import (
@@ -57,7 +56,7 @@ class CudaBackend(ComposedOps):
     def __init__(self, debug: bool | None = None) -> None:
         self.debug = os.environ.get("TINYCHAT_CUDA_DEBUG") == "1" if debug is None else debug
         self.stream = cuda.stream()
-        self.gemm = SimulatorGemm(self.stream) if SIMULATOR else make_gemm(self.stream)
+        self.gemm = SimulatorGemm(self.stream) if SIMULATOR else CublasGemm(self.stream)
         # The simulator runs blocks one after another: pretend to be a 4-SM GPU there, which
         # still splits the KV of small batches.
         self.num_sms = 4 if SIMULATOR else cuda.get_current_device().MULTIPROCESSOR_COUNT

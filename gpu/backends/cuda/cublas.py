@@ -21,6 +21,10 @@ cuBLAS runs on the Numba stream (cublasSetStream) with a workspace of our own
 calls be captured into a CUDA graph together with the Numba kernels. alpha and beta are host
 scalars (the default pointer mode), read when the call is enqueued (or captured).
 
+The heuristic's one algorithm (CUBLAS_GEMM_DEFAULT), not a per-shape tuned cuBLASLt plan: on the
+H200 the tuned products left whole decode steps no faster (GPU time of a step, batch 8: 1.331 ms
+tuned against 1.275; batch 64: 1.480 against 1.457) and the tuning added 14 s to start-up.
+
 Under the CUDA simulator there is no cuBLAS: SimulatorGemm does the same product in numpy on the
 simulated device arrays (bf16 inputs, float32 accumulation), so the backend's glue can be tested
 without a GPU.
