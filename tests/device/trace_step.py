@@ -22,7 +22,7 @@ import tempfile
 from collections import defaultdict
 
 from gpu.backends import get_backend
-from gpu.backends.cuda.graphs import PDL, bucket_for
+from gpu.backends.cuda.graphs import bucket_for, pays_to_overlap
 from gpu.bench.workloads import decode_run
 from gpu.config import EngineConfig
 from gpu.loader import build_engine
@@ -110,11 +110,12 @@ def main() -> None:
         decode_run(engine, batch, args.prompt, 16)
         graph = executor.graphs[("decode", bucket_for(batch, executor.buckets), True)]
         result = summarise(trace(graph, args.reps))
-        result.update(config=args.config, batch=batch, pdl=PDL, context=args.prompt + 16)
-        with open(os.path.join(out, f"trace_{args.config}_b{batch}_pdl{PDL}.json"), "w") as f:
+        pdl = int(pays_to_overlap(batch))
+        result.update(config=args.config, batch=batch, pdl=pdl, context=args.prompt + 16)
+        with open(os.path.join(out, f"trace_{args.config}_b{batch}_pdl{pdl}.json"), "w") as f:
             json.dump(result, f, indent=1)
         print(
-            f"{args.config} batch {batch} PDL {PDL}: {result['kernels']} kernels, span"
+            f"{args.config} batch {batch} PDL {pdl}: {result['kernels']} kernels, span"
             f" {result['span_us']:.1f} us, busy {result['busy_us']:.1f},"
             f" gaps {result['gap_us']:.1f}"
         )

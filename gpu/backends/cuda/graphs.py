@@ -18,26 +18,19 @@ launch's query-length bound is the token bucket, whose surplus query tiles exit 
 Programmatic dependent launch (gpu/kernels/pdl.py). Stream capture records a chain of plain
 edges: each kernel starts only once the one before has completed. After capture, every edge from
 a kernel into one of gpu/kernels' kernels (all of which wait for their predecessor with
-griddepcontrol.wait before touching its output) becomes a programmatic edge, so that kernel's
-blocks are launched as soon as every block of its predecessor has started ($TINYCHAT_PDL = 2,
-the default: port LAUNCH_ORDER) or has exited (1: port PROGRAMMATIC, with no early trigger in
-the kernels); 0 keeps the captured edges. Edges into cuBLAS's kernels, which do not wait, and
-into memory copies stay as captured.
+griddepcontrol.wait before touching its output) becomes a programmatic edge on the
+LAUNCH_ORDER port, so that kernel's blocks are launched as soon as every block of its
+predecessor has started. Edges into cuBLAS's kernels, which do not wait, and into memory copies
+stay as captured.
 
-Only graphs of steps of at most PDL_MAX_TOKENS tokens ($TINYCHAT_PDL_MAX_TOKENS, default 8) get
-them: the steps whose products are our kernels (gemv.py at one token, gemv_mma.py at 2-8) and
-whose weights can stream while the kernel before them drains. Measured on the H200
-(tests/device/trace_step.py and `tinychat bench`, sixth session): a batch-1 step, ~85 latency-
-bound kernels, went from 997 to 933 us of GPU span (Llama-3.2-1B; 968 -> 1,022 tok/s) and from
-740 to 632 us for SmolLM2-135M (1,286 -> 1,405 tok/s); at batch 8 and 256, where cuBLAS's
-products fill the GPU and our kernels' early blocks only wait beside them, the step was 3-5%
-slower (batch 8: 6,658 -> 6,447 tok/s, a traced span of 1,180 -> 1,217 us; batch 256: 100,715
--> 95,970 tok/s), and batch 64 moved within noise (+2%). With gemv_mma.py serving 2-8 tokens
-(tenth session, `tinychat bench decode --batches 2,4,8`, edges up to 1 / 8 tokens):
-SmolLM2-135M 2,075 / 4,105 / 8,239 tok/s with cuBLAS and no edges, 2,636 / 5,168 / 9,969 with
-gemv_mma and edges (2,4,8: +21-27%); Llama-3.2-1B 1,770 / 3,502 / 6,875 -> 1,789 / 3,535 /
-6,821 (within 1%), and gemv_mma without the edges was 4-7% slower than cuBLAS. So the edges now
-reach 8 tokens.
+Only graphs of steps of at most PDL_MAX_TOKENS = 8 tokens get them: the steps whose products are
+our kernels (gemv.py at one token, gemv_mma.py at 2-8), whose weights can stream while the
+kernel before them drains. Measured on the H200 (`tinychat bench`): a batch-1 step of ~85
+latency-bound kernels went from 997 to 933 us of GPU span (Llama-3.2-1B: 968 -> 1,022 tok/s;
+SmolLM2-135M: 1,286 -> 1,405); with gemv_mma at 2, 4 and 8 tokens, SmolLM2-135M 2,075 / 4,105 /
+8,239 -> 2,636 / 5,168 / 9,969 tok/s. Larger steps keep plain edges: where cuBLAS's products
+fill the GPU our kernels' early blocks only wait beside them (batch 8 with cuBLAS: 6,658 ->
+6,447 tok/s; batch 256: 100,715 -> 95,970).
 
 The driver calls go through cuda.bindings on the stream handle Numba owns.
 """
@@ -49,11 +42,7 @@ from collections.abc import Callable
 
 from cuda.bindings import driver as drv
 
-from gpu.kernels.launch import env_choice
-
-PDL_ENV = "TINYCHAT_PDL"
-PDL = env_choice(PDL_ENV, 2, (0, 1, 2))  # read once, at import
-PDL_MAX_TOKENS = env_choice("TINYCHAT_PDL_MAX_TOKENS", 8, range(1 << 20))
+PDL_MAX_TOKENS = 8  # the largest step whose graph gets programmatic edges
 # Numba mangles a kernel's qualified name: gpu.kernels.<module>.<function> begins like this.
 OUR_KERNEL_PREFIX = b"_ZN3gpu7kernels"
 
@@ -68,8 +57,8 @@ def _check(result) -> tuple:
 
 
 def pays_to_overlap(num_tokens: int) -> bool:
-    """Whether a step of num_tokens tokens gets programmatic edges (PDL and PDL_MAX_TOKENS)."""
-    return PDL != 0 and num_tokens <= PDL_MAX_TOKENS
+    """Whether a step of num_tokens tokens gets programmatic edges (PDL_MAX_TOKENS)."""
+    return num_tokens <= PDL_MAX_TOKENS
 
 
 @functools.cache
@@ -115,10 +104,10 @@ def _edges(graph) -> tuple[list, list, list]:
     return list(src), list(dst), list(data)
 
 
-def programmatic_edges(graph, port: int = PDL) -> int:
-    """Turn the graph's edges from a kernel into one of our kernels into programmatic edges
-    (port 2: LAUNCH_ORDER, 1: PROGRAMMATIC); return how many. 0 changes nothing."""
-    if port == 0 or not device_supports_pdl():
+def programmatic_edges(graph) -> int:
+    """Turn the graph's edges from a kernel into one of our kernels into programmatic edges on
+    the LAUNCH_ORDER port; return how many."""
+    if not device_supports_pdl():
         return 0
     src, dst, data = _edges(graph)
     names = {int(node): _kernel_name(node) for node in src + dst}
@@ -136,11 +125,7 @@ def programmatic_edges(graph, port: int = PDL) -> int:
     _check(remove(graph, froms, tos, [data[i] for i in picked], len(picked)))
     edge = drv.CUgraphEdgeData()
     edge.type = drv.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC
-    edge.from_port = (
-        drv.CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER
-        if port == 2
-        else drv.CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC
-    )
+    edge.from_port = drv.CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER
     new = [edge] * len(picked)  # the driver copies each entry
     add = getattr(drv, "cuGraphAddDependencies_v2", drv.cuGraphAddDependencies)
     try:
