@@ -38,7 +38,7 @@ Shape of the work:
   cos / sin and slot: staged inputs and constants) come before grid_dependency_sync,
   everything that reads the previous kernel's output after it. In a batch-1 graph, whose edges
   are programmatic, the next product's weights are thus on their way while the kernel before
-  it drains (sixth session: 968 -> 1,033 tok/s at batch 1, with the norm weights' preload).
+  it drains (968 -> 1,033 tok/s at batch 1, with the norm weights' preload).
 * The epilogue's loads go out with the weights' (the residual an "add" adds to; the position's
   cos / sin and the KV slot of "rope"): at the end a block then only computes and stores,
   instead of waiting one more round trip (or two: position, then its cos) after its sums.
@@ -54,23 +54,15 @@ qkv 9.1 us (cuBLAS 9.5), o_proj 7.4 (9.2), gate_up 22.9 (21.4), down 13.3 (16.0)
 costs ~5 us however small), so the gain is mostly the launches fused away: a batch-1 step went
 from 1.67 to 1.39 ms. At 4-8 tokens the kernel loses to cuBLAS, so the backend sends it only
 single-token steps (DECODE_TOKENS); steps of 2-8 tokens go to the tensor-core twin of this
-kernel, gemv_mma.py. What would make it stream faster: persistent blocks that
-load the next rows while reducing the current ones, instead of ~3 waves of short blocks.
+kernel, gemv_mma.py.
 
-Where the early start stops helping (twelfth and thirteenth sessions). The sm_90 builds
-(ptxas -v): qkv and gate_up 72 registers x 256 threads (3 blocks an SM), down 100 (2), o_proj
-32 (8). qkv, 9.0 us a layer in the H200 trace against 3.0 at the copy rate, looked blocked
-behind down, with no registers for its blocks beside down's. Two ways to load more ahead were
-built, measured on an H100 and dropped (BENCHMARKS.md): an L2 prefetch of gate_up from
-o_proj's waiting blocks (history at 7170e58), and a staged qkv: one block an SM holding its
-rows (96 KB) in shared memory, fetched by cp.async before the wait with 48 registers, so all
-12.6 MB could arrive while down streams (history at f9e67b9; batch 1 903 -> 855 tok/s). The
-traces say why: the register qkv's first blocks already start 7.5 us before down ends, and
-down streams at the copy rate, so bytes loaded beside it only slow it (down + qkv 18.7 us a
-layer; staged 18.4-23.6). And the largest shared-memory carveout, which a staged block needs
-beside down, costs gate_up and down ~1 us each (906 -> 870 tok/s): a load's data lands in L1,
-28 KB then, so fewer bytes fly. What is left at batch 1 is latency between dependent steps
-(the norm's reduction, attention's ~8 us a layer), not streaming.
+Loading further ahead does not pay here. The sm_90 builds (ptxas -v): qkv and gate_up 72
+registers x 256 threads (3 blocks an SM), down 100 (2), o_proj 32 (8). In an H100 trace qkv's
+first blocks already start 7.5 us before down ends, and down streams at the copy rate, so
+bytes loaded beside it only slow it; and the largest shared-memory carveout, which a block
+staging its rows in shared memory would need, costs gate_up and down ~1 us each (906 -> 870
+tok/s). What is left at batch 1 is latency between dependent steps (the norm's reduction,
+attention's ~8 us a layer), not streaming.
 
 numpy twins: CpuBackend.linear, rmsnorm_linear, linear_residual, rmsnorm_gate_up_silu and
 rmsnorm_qkv_rope (gpu/backends/cpu.py and ComposedOps in gpu/backends/base.py).
@@ -80,7 +72,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -102,9 +93,7 @@ FULL_MASK = 0xFFFFFFFF
 PROLOGUES = ("none", "rmsnorm")
 EPILOGUES = ("store", "add", "silu", "rope")
 PAIRED = ("silu", "rope")  # epilogues that combine two rows of w per output pair
-# Device tuning (tests/device/bench_gemv.py sweeps them): output rows per block, threads.
-ROWS = int(os.environ.get("TINYCHAT_GEMV_ROWS", "0"))  # 0: chosen per matrix by plan()
-NTHREADS = int(os.environ.get("TINYCHAT_GEMV_THREADS", "256"))
+NTHREADS = 256  # threads per block (half for rows shorter than that many words: plan())
 TALL_ROWS = 32768
 
 
@@ -353,14 +342,12 @@ def plan(n_rows: int, k_words: int, max_tokens: int, norm: bool, epilogue: str):
     rows, gate_up 22.9 against 28.4), 4 rows otherwise (o_proj 7.4, down 13.3; 8 rows was
     slower), 16 rows for the LM head's 128k rows (123.7 us, 4.25 TB/s, against 174 at 4).
     A short row (SmolLM2's 576) would leave half of 256 threads idle: 128 then.
-    Re-measured with programmatic launch (sixth session, `tinychat bench latency`, Llama-3.2-1B
-    / SmolLM2-135M tok/s at batch 1): default 1,034 / 1,447; TINYCHAT_GEMV_ROWS=4 888 / 1,332;
-    TINYCHAT_GEMV_THREADS=512 910 / 1,450; 128 993 / 1,451. The defaults stay.
+    Whole steps with programmatic launch (`tinychat bench latency`, Llama-3.2-1B / SmolLM2-135M
+    tok/s at batch 1): these choices 1,034 / 1,447; 4 rows everywhere 888 / 1,332; 512 threads
+    910 / 1,450; 128 threads 993 / 1,451.
     """
     nthreads = threads(NTHREADS if k_words >= NTHREADS else NTHREADS // 2)
-    if ROWS:
-        rows = ROWS
-    elif n_rows >= TALL_ROWS:
+    if n_rows >= TALL_ROWS:
         rows = 16
     else:
         rows = 8 if norm else 4

@@ -42,22 +42,16 @@ Shape of the work:
 * Tokens past T (a step of 3 rows runs the 8-token tile) read row T - 1's x and are not stored.
   K must be a multiple of 8 (a lane's 16 bytes); a chunk past K contributes zeros.
 
-Measured on the H200 (tenth session). Alone, cold weights (tests/device/bench_gemv_mma.py):
-gate_up at 2 / 8 tokens 24.5 / 26.3 us with 8 warps (120 registers; 4 warps: 28-30, 16: 32-33)
-against cuBLAS's 21.1 / 21.4 for the product alone, whose SiLU is another kernel. In a
-batch-8 Llama-3.2-1B graph with programmatic edges (tests/device/trace_step.py), what each op
-adds to the step, us: rmsnorm + qkv-with-rope 9.0 against 12.2 for rmsnorm, cuBLAS and the
-rope kernel; o_proj + residual 3.8-4.4 against 6.4; rmsnorm + gate_up-with-SiLU 24.0 against
-25.9; but down (K = 8,192: 8 rows a block, 512 threads) 19.2 against cuBLAS's 13.2, and the LM
-head lost too, so both stay with cuBLAS (SERVE_MAX_K, SERVE_MAX_N). Whole steps (`tinychat
-bench decode --batches 2,4,8`): SmolLM2-135M, all of whose products but the LM head this
-kernel serves, 2,075 / 4,105 / 8,239 -> 2,636 / 5,168 / 9,969 tok/s (+21-27%); Llama-3.2-1B
-within 1% (1,789 / 3,535 / 6,821 against 1,770 / 3,502 / 6,875). There, most likely, what the
-fused ops save is lost around the products still on cuBLAS (down, the LM head), beside which
-our kernels' early-launched blocks only wait: programmatic edges cost a cuBLAS batch-8 graph
-3.5% (same session). What would make it pay: a K loop for long rows instead of holding a
-block's whole K in registers, so down moves here too, and more rows a block for gate_up (x is
-read once per 16 rows: 32 KB per 64 KB of weights at 8 tokens).
+Measured on the H200, in a batch-8 Llama-3.2-1B graph with programmatic edges
+(tests/device/trace_step.py), what each op adds to the step, us: rmsnorm + qkv-with-rope 9.0
+against 12.2 for rmsnorm, cuBLAS and the rope kernel; o_proj + residual 3.8-4.4 against 6.4;
+rmsnorm + gate_up-with-SiLU 24.0 against 25.9 (8 warps a block, 120 registers; 4 warps: 28-30
+us alone, 16: 32-33). down (K = 8,192: 8 rows a block, 512 threads) took 19.2 against cuBLAS's
+13.2 and the LM head lost too, so both stay with cuBLAS (SERVE_MAX_K, SERVE_MAX_N). Whole steps
+(`tinychat bench decode --batches 2,4,8`): SmolLM2-135M, all of whose products but the LM head
+this kernel serves, 2,075 / 4,105 / 8,239 -> 2,636 / 5,168 / 9,969 tok/s (+21-27%);
+Llama-3.2-1B within 1%, its fused ops' savings spent beside the products still on cuBLAS
+(down, the LM head), where our early-launched blocks only wait.
 
 numpy twins: the composed ops of the cpu backend (linear, linear_residual, silu_mul,
 rope_kv_write), as for gemv.py.
@@ -66,7 +60,6 @@ rope_kv_write), as for gemv.py.
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 import numpy as np
@@ -89,17 +82,17 @@ MAX_WARPS = 32
 # Two weight rows a lane (16 a block) while that fits in this many warps (K <= 2,048); longer
 # rows load one (8 a block), so a block stays at 256 threads for K up to 4,096.
 TWO_ROW_WARPS = 8
-# The largest step the backend sends here ($TINYCHAT_GEMV_MMA_TOKENS; 0 or 1: never). Not in
-# the CUDA simulator by default: its mma twin costs two block barriers per instruction (~60 ms
-# of Python threads), which would make every simulated engine step of 2-8 tokens minutes long;
-# tests/test_kernels_gemv_mma.py runs the kernel there, and one of its tests an engine step.
-SERVE_TOKENS = int(os.environ.get("TINYCHAT_GEMV_MMA_TOKENS", "1" if SIMULATOR else "8"))
+# The largest step the backend sends here. Not in the CUDA simulator: its mma twin costs two
+# block barriers per instruction (~60 ms of Python threads), which would make every simulated
+# engine step of 2-8 tokens minutes long; tests/test_kernels_gemv_mma.py runs the kernel there,
+# and one of its tests an engine step.
+SERVE_TOKENS = 1 if SIMULATOR else MAX_TOKENS
 # ... and only matrices of at most SERVE_MAX_K inputs and SERVE_MAX_N rows: a block holds its
 # 16 rows' whole K in registers, 64 KB at K = 2,048; longer rows (down, K = 8,192) get 8 rows
 # a block and read as many x bytes as weight bytes, and the LM head's 128 k rows are 8,000
-# blocks. Those go to cuBLAS unless measured otherwise ($TINYCHAT_GEMV_MMA_MAX_K, _MAX_N).
-SERVE_MAX_K = int(os.environ.get("TINYCHAT_GEMV_MMA_MAX_K", "4096"))
-SERVE_MAX_N = int(os.environ.get("TINYCHAT_GEMV_MMA_MAX_N", "32767"))
+# blocks. Those go to cuBLAS, measured faster there (above).
+SERVE_MAX_K = 4096
+SERVE_MAX_N = 32767
 LOW32, HIGH_SHIFT = np.uint64(0xFFFFFFFF), np.uint64(32)
 FA_SHAPE, FB_SHAPE, FC_SHAPE = mma.scratch_shapes(SIMULATOR)
 
