@@ -5,6 +5,7 @@
     tinychat pull [MODEL | x.gguf] fetch and convert the default model, or convert a GGUF
     tinychat history              past chats (reopen one with `tinychat --resume ID`)
     tinychat bench                the benchmark (see BENCHMARKS.md)
+    tinychat serve                an OpenAI-compatible HTTP server on the engine
 
 Bad input (a missing or broken model, a prompt longer than the context, a bad option value, a
 chat id that is not in the history) ends with a one-line `tinychat: error: ...` and exit status
@@ -104,6 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
     from chat_app.history import add_history_arguments
 
     add_history_arguments(history)
+
+    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server on the engine")
+    _add_model_arguments(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY`")
 
     bench = sub.add_parser("bench", help="measure tokens per second (see BENCHMARKS.md)")
     try:
@@ -280,6 +287,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return run_bench(args)
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        from gpu.entrypoints.openai.api_server import run_server
+    except ImportError as error:
+        raise RuntimeError(
+            f"tinychat serve needs the server's packages ({error.name} is missing): "
+            "pip install 'tinychat[serve]'"
+        ) from None
+    return run_server(args, ProgressPrinter())
+
+
 def _check_resume(chat_id: int) -> None:
     """Refuse `--resume ID` for a chat the history does not hold, before anything loads."""
     from chat_app.history import HistoryStore
@@ -315,6 +333,7 @@ COMMANDS: dict[str | None, Callable[[argparse.Namespace], int]] = {
     "pull": cmd_pull,
     "history": cmd_history,
     "bench": cmd_bench,
+    "serve": cmd_serve,
     None: cmd_app,
 }
 

@@ -1,0 +1,214 @@
+"""The OpenAI-compatible HTTP server: a Starlette app on uvicorn, in front of the engine client.
+
+Starlette rather than FastAPI: the server has five routes and answers every error in OpenAI's
+shape itself (FastAPI's request validation answers 422 in a shape of its own, to be undone by
+hand); the request bodies are pydantic models all the same (protocol.py). uvicorn is the ASGI
+server vLLM uses; with uvicorn's Starlette-era spec a streaming response listens for the
+client's disconnect beside the stream and cancels it at once, which aborts the request in the
+engine (async_engine.py).
+
+    tinychat serve [--model M] [--device D] [--host 127.0.0.1] [--port 8000] [--api-key K]
+
+With an API key, every /v1 route needs `Authorization: Bearer K` (401 otherwise); /health and
+/metrics stay open, as in vLLM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import logging
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gpu.entrypoints.openai.async_engine import AsyncEngine
+from gpu.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
+from gpu.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
+from gpu.entrypoints.openai.serving_chat import OpenAIServingChat
+from gpu.entrypoints.openai.serving_completion import OpenAIServingCompletion
+
+log = logging.getLogger(__name__)
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def error_response(error: OpenAIError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+class ApiKeyMiddleware:
+    """401 for a /v1 request without `Authorization: Bearer <key>` (compared in constant
+    time)."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self._expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self._expected):
+                error = OpenAIError(
+                    "Incorrect or missing API key: send `Authorization: Bearer <key>`.",
+                    401,
+                    code="invalid_api_key",
+                )
+                await error_response(error)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def build_app(client: Any, api_key: str | None = None) -> Starlette:
+    """The ASGI app over a started engine client (chat_app/engine_api.py's contract)."""
+    model_name = client.engine.model_name or "tinychat"
+    metrics = ServerMetrics(model_name, client.stats)
+    state: dict[str, Any] = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        engine = AsyncEngine(client)  # on the server's event loop
+        state["chat"] = OpenAIServingChat(engine, model_name, metrics)
+        state["completion"] = OpenAIServingCompletion(engine, model_name, metrics)
+        state["engine"] = engine
+        yield
+
+    async def health(request: Request) -> Response:
+        alive = getattr(client, "is_alive", True)
+        return Response(status_code=200 if alive else 503)
+
+    async def models(request: Request) -> JSONResponse:
+        card = {
+            "id": model_name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "tinychat",
+            "max_model_len": client.engine.max_model_len,
+        }
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def prometheus(request: Request) -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    def endpoint(serving_key: str, request_type: type):
+        async def handle(request: Request) -> Response:
+            body = request_type.parse(await request.body())
+            serving = state[serving_key]
+            if body.stream:
+                events = await serving.stream(body)
+                return StreamingResponse(
+                    events, media_type="text/event-stream", headers=SSE_HEADERS
+                )
+            return JSONResponse(await serving.create(body))
+
+        return handle
+
+    async def openai_error(request: Request, error: Exception) -> Response:
+        assert isinstance(error, OpenAIError)
+        return error_response(error)
+
+    async def http_error(request: Request, error: Exception) -> Response:
+        assert isinstance(error, HTTPException)
+        message = f"{request.method} {request.url.path}: {error.detail}"
+        return error_response(OpenAIError(message, error.status_code))
+
+    async def server_error(request: Request, error: Exception) -> Response:
+        log.exception("request failed", exc_info=error)
+        return error_response(OpenAIError(f"Internal server error: {error}", 500))
+
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", prometheus, methods=["GET"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route(
+            "/v1/chat/completions",
+            endpoint("chat", ChatCompletionRequest),
+            methods=["POST"],
+        ),
+        Route("/v1/completions", endpoint("completion", CompletionRequest), methods=["POST"]),
+    ]
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={
+            OpenAIError: openai_error,
+            HTTPException: http_error,
+            Exception: server_error,
+        },
+    )
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    app.state.serving = state
+    return app
+
+
+def uvicorn_config(app: ASGIApp, host: str, port: int, access_log: bool = True) -> uvicorn.Config:
+    return uvicorn.Config(
+        app, host=host, port=port, access_log=access_log, log_level="info", timeout_keep_alive=30
+    )
+
+
+class ServerThread:
+    """The server in a background thread of this process, on a port the OS picks (the tests,
+    `tinychat bench serve`). `url` is its base, e.g. http://127.0.0.1:41234/v1."""
+
+    def __init__(self, app: ASGIApp, host: str = "127.0.0.1") -> None:
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind((host, 0))
+        port = self._socket.getsockname()[1]
+        config = uvicorn_config(app, host, port, access_log=False)
+        config.log_level = "warning"
+        self.server = uvicorn.Server(config)
+        self.url = f"http://{host}:{port}/v1"
+        self._thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self._socket]}, daemon=True
+        )
+
+    def start(self, timeout: float = 30.0) -> ServerThread:
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout)
+        self._socket.close()
+
+
+def run_server(args: Any, progress: Any = None) -> int:
+    """`tinychat serve`: load the model, then serve until Ctrl+C."""
+    from gpu.config import EngineConfig
+    from gpu.entrypoints.openai.async_engine import build_engine_client
+
+    config = EngineConfig(max_model_len=getattr(args, "max_model_len", None))
+    client = build_engine_client(args.model, args.device, config, progress=progress)
+    if progress is not None and hasattr(progress, "finish"):
+        progress.finish()
+    client.start()
+    try:
+        app = build_app(client, api_key=args.api_key)
+        engine = client.engine
+        print(
+            f"tinychat serve: {engine.model_name} on {engine.device}, context "
+            f"{engine.max_model_len:,} tokens, at http://{args.host}:{args.port}/v1"
+            + (" (API key required)" if args.api_key else ""),
+            flush=True,
+        )
+        uvicorn.Server(uvicorn_config(app, args.host, args.port)).run()
+    finally:
+        client.shutdown()
+    return 0

@@ -1,0 +1,106 @@
+"""The engine client seen from asyncio: `generate` is one request's outputs as an async stream.
+
+The engine client (today `gpu.engine_thread.EngineThread`; the engine-core client satisfies the
+same contract, chat_app/engine_api.py) calls `on_output` on its own thread for every output of
+every request. Waking the event loop once per output would cost a self-pipe write each, 256 a
+step at 256 streams; instead the outputs go into one deque and the loop is woken once per batch
+(the app's OutputBridge does the same for the UI). The loop then hands each output to its
+request's queue, and each stream takes everything queued at once, so a slow stream catches up
+in one chunk instead of falling further behind.
+
+Leaving a `generate` early (the client disconnected, the task was cancelled) aborts the request
+in the engine at once: nobody will read its tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from gpu.config import EngineConfig
+from gpu.outputs import EngineStats, RequestOutput
+from gpu.sampling_params import SamplingParams
+
+
+def build_engine_client(
+    model: str | None,
+    device: str,
+    config: EngineConfig | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> Any:
+    """Load the model and return its engine client (not started). The one place that picks
+    the client: the server is written against its contract, not a class."""
+    from gpu.engine_thread import EngineThread
+    from gpu.loader import create_engine
+
+    engine = create_engine(model, device, config or EngineConfig(), progress=progress)
+    return EngineThread(engine)
+
+
+class AsyncEngine:
+    """Wraps a started engine client for one event loop (create it on that loop)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.engine = client.engine  # tokenizer, model_name, max_model_len, ...
+        self._loop = asyncio.get_running_loop()
+        self._pending: deque[RequestOutput] = deque()  # append/popleft are atomic
+        self._wakeup_posted = False
+        self._queues: dict[str, asyncio.Queue[RequestOutput]] = {}
+        self._ids = itertools.count()
+
+    def stats(self) -> EngineStats:
+        return self.client.stats()
+
+    @property
+    def num_streams(self) -> int:
+        """Requests this server is streaming now."""
+        return len(self._queues)
+
+    # -- engine thread -> loop --------------------------------------------------------------
+
+    def _on_output(self, output: RequestOutput) -> None:
+        """Runs on the engine's thread: queue, and wake the loop if nobody has yet."""
+        self._pending.append(output)
+        if not self._wakeup_posted:
+            self._wakeup_posted = True
+            self._loop.call_soon_threadsafe(self._dispatch)
+
+    def _dispatch(self) -> None:
+        # Clear the flag before taking: an output queued after this line posts a new wake-up.
+        self._wakeup_posted = False
+        pending = self._pending
+        while pending:
+            output = pending.popleft()
+            queue = self._queues.get(output.request_id)
+            if queue is not None:
+                queue.put_nowait(output)
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def new_request_id(self, prefix: str) -> str:
+        return f"{prefix}-{next(self._ids)}"
+
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, request_id: str
+    ) -> AsyncIterator[list[RequestOutput]]:
+        """The request's delta outputs, in batches of whatever arrived since the last one;
+        the last batch ends with the finished output. ValueError: the engine refused it."""
+        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self._queues[request_id] = queue
+        finished = False
+        try:
+            self.client.add_request(prompt_ids, params, self._on_output, request_id=request_id)
+            while not finished:
+                batch = [await queue.get()]
+                while not queue.empty():
+                    batch.append(queue.get_nowait())
+                finished = batch[-1].finished
+                yield batch
+        finally:
+            del self._queues[request_id]
+            if not finished:
+                self.client.abort(request_id)
