@@ -60,6 +60,20 @@ class EngineClient:
     def loading(self) -> bool:
         return self.thread is None and self.load_error is None
 
+    @property
+    def stopped(self) -> bool:
+        """The engine ran and has stopped on its own (its process crashed or was killed):
+        its replies have ended with an error; `detach` and a new engine bring it back."""
+        return self.thread is not None and not getattr(self.thread, "is_alive", True)
+
+    def detach(self) -> EngineThread | None:
+        """Let go of the engine (for a restart): the client is loading again, and the old
+        engine is the caller's to shut down."""
+        thread, self.thread = self.thread, None
+        self.load_error, self.load_stage = None, ""
+        self._sinks.clear()
+        return thread
+
     def attach(self, thread: EngineThread) -> None:
         """Take a freshly built engine thread and start it."""
         thread.start()
@@ -104,6 +118,8 @@ class EngineClient:
         """
         if self.thread is None:
             raise EngineUnavailable(self.load_error or "The model is still loading.")
+        if self.stopped:
+            raise EngineUnavailable("The engine stopped: restart it first.")
         engine = self.thread.engine
         try:
             fitted = fit_chat(chat, lambda c: _encode(engine.tokenizer, c), engine.max_model_len)
