@@ -22,8 +22,8 @@ from gpu.backends import get_backend
 from gpu.backends.base import Backend
 from gpu.config import EngineConfig
 from gpu.engine import LLMEngine
-from gpu.executor import EagerExecutor
 from gpu.model import LlamaModel
+from gpu.model_runner import EagerExecutor
 from gpu.model_weights import load_llama_weights
 from gpu.sampling_params import SamplingParams
 from weights.errors import ProgressFn, report

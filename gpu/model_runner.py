@@ -1,10 +1,16 @@
 """The model runner: turns the scheduler's decision into the flat arrays of a forward pass, runs
-it, and samples.
+the model and samples.
 
 Everything here is host-side bookkeeping and must stay cheap: on the GPU a decode step of a
 small model takes well under a millisecond, so this Python is on the critical path. The batch is
 built with numpy over all sequences at once, from block tables the block manager already keeps as
 numpy rows; only what lives in each Sequence object is read in a Python loop.
+
+The step itself runs on an executor: EagerExecutor (below) calls the model's forward and the
+backend's sampler one op after another, all the cpu backend needs; the cuda backend brings its
+own (gpu/backends/cuda/executor.py), which stages the inputs in one copy and replays captured
+CUDA graphs. The backend's sampler keeps the token state of penalties and bans
+(gpu/sampling/token_state.py): the executor sizes it, a row per sequence that can run at once.
 """
 
 from __future__ import annotations
@@ -15,18 +21,18 @@ from typing import Protocol
 
 import numpy as np
 
+from gpu.backends.base import Backend, ReadyResult, StepResult
 from gpu.block_manager import BlockTableRows
 from gpu.forward_batch import ForwardBatch
+from gpu.model import LlamaModel
 from gpu.sampling import SamplingMetadata
 from gpu.sampling.token_state import row_state
 from gpu.scheduler import SchedulerOutput
 from gpu.sequence import Sequence
 
+__all__ = ["EagerExecutor", "Executor", "ModelRunner", "ReadyResult", "StepResult"]
 
-class StepResult(Protocol):
-    """A launched step: result() waits for its sampled ids (one per sampled row)."""
-
-    def result(self) -> np.ndarray: ...
+_NONE = np.zeros(0, dtype=np.int32)
 
 
 class Executor(Protocol):
@@ -39,16 +45,31 @@ class Executor(Protocol):
     def execute(self, batch: ForwardBatch, metadata: SamplingMetadata) -> np.ndarray: ...
 
 
-class ReadyResult:
-    """The result of a step computed at launch (the cpu backend, test stubs)."""
+class EagerExecutor:
+    """launch() computes the whole step at once (numpy has nothing to overlap with) and keeps
+    its sampled ids: the next step's tokens in flight (batch.prev_rows) are read from them."""
 
-    __slots__ = ("tokens",)
+    def __init__(self, model: LlamaModel, backend: Backend) -> None:
+        self.model = model
+        self.backend = backend
+        self.sampled_prev = _NONE  # the last step's sampled ids
+        reserve = getattr(backend, "reserve_token_state", None)
+        if reserve is not None:  # a row per sequence that can run at once, the whole vocab
+            reserve(*model.logits.shape)
 
-    def __init__(self, tokens: np.ndarray) -> None:
-        self.tokens = tokens
+    def launch(self, batch: ForwardBatch, metadata: SamplingMetadata) -> ReadyResult:
+        num_logits = metadata.num_rows
+        batch.sampled_prev = self.sampled_prev
+        logits = self.model.forward(batch, num_logits)
+        if num_logits == 0:
+            tokens = _NONE
+        else:
+            tokens = self.backend.sample(logits, metadata)
+        self.sampled_prev = tokens
+        return ReadyResult(tokens)
 
-    def result(self) -> np.ndarray:
-        return self.tokens
+    def execute(self, batch: ForwardBatch, metadata: SamplingMetadata) -> np.ndarray:
+        return self.launch(batch, metadata).result()
 
 
 def build_forward_batch(

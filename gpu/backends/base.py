@@ -16,6 +16,7 @@ head_dim]. Token t of a sequence lives in block `block_table[t // block_size]` a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -24,6 +25,51 @@ from gpu.forward_batch import ForwardBatch
 from gpu.sampling import SamplingMetadata
 
 Array = Any  # a numpy array on the cpu backend, a Numba device array on the cuda backend
+
+
+class ForwardModel(Protocol):
+    """What a backend's executor runs: the model's forward over a prepared batch (gpu/model.py's
+    LlamaModel), returning the logits of its sampled rows, and the buffers the executor sizes
+    its step inputs from. A protocol, so that a backend never imports the model written
+    against it."""
+
+    residual: Array  # [max_tokens, hidden]
+    logits: Array  # [max_seqs, vocab]
+    kv_caches: list[tuple[Array, Array]]  # per layer: [blocks, block_size, kv_heads, head_dim]
+    cos: Array  # the rope table, a row per position the model supports
+    weights: Any
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+    def forward(self, batch: ForwardBatch, num_logits: int) -> Array: ...
+
+
+class StepResult(Protocol):
+    """A launched step: result() waits for its sampled ids (one per sampled row)."""
+
+    def result(self) -> np.ndarray: ...
+
+
+class ReadyResult:
+    """The result of a step computed at launch (the cpu backend, test stubs)."""
+
+    __slots__ = ("tokens",)
+
+    def __init__(self, tokens: np.ndarray) -> None:
+        self.tokens = tokens
+
+    def result(self) -> np.ndarray:
+        return self.tokens
+
+
+@dataclass
+class Ceilings:
+    """A device's two roofline ceilings, as its backend measures them (gpu/bench/roofline.py)."""
+
+    bandwidth_Bps: float  # device copy bandwidth, bytes read + written per second
+    matmul_flops: float  # dense matrix-product rate in the compute dtype
+    source: str
 
 
 class Backend(Protocol):

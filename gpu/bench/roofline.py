@@ -9,17 +9,13 @@ each figure, the larger of the two floors and the fraction of it reached.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from gpu.backends.base import Ceilings
 
-@dataclass
-class Ceilings:
-    bandwidth_Bps: float  # device copy bandwidth, bytes read + written per second
-    matmul_flops: float  # dense matrix-product rate in the compute dtype
-    source: str
+__all__ = ["Ceilings", "count_params", "decode_step_floor", "measure_cpu_ceilings"]
 
 
 def count_params(config: Any) -> int:

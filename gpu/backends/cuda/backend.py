@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
-from gpu.backends.base import ComposedOps
+from gpu.backends.base import Ceilings, ComposedOps
 from gpu.backends.cuda.cublas import CublasGemm, SimulatorGemm
 from gpu.backends.cuda.sampler import DeviceSampler
 from gpu.forward_batch import ForwardBatch
@@ -148,11 +148,10 @@ class CudaBackend(ComposedOps):
         name = cuda.get_current_device().name
         return name.decode() if isinstance(name, bytes) else str(name)
 
-    def measure_ceilings(self):
+    def measure_ceilings(self) -> Ceilings:
         """The two ceilings of the roofline, measured here (the bench's floors use them):
         a 1 GiB device-to-device copy (bytes read + written) and a bf16 8192^3 cuBLAS GEMM.
         Random data, not zeros (zeros run faster), timed with CUDA events after a warm-up."""
-        from gpu.bench.roofline import Ceilings
 
         def time_us(fn, reps: int) -> float:
             fn()

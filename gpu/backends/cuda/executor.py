@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
+from gpu.backends.base import ForwardModel, ReadyResult
 from gpu.backends.cuda.graphs import (
     CudaGraph,
     bucket_for,
@@ -50,8 +51,6 @@ from gpu.backends.cuda.sampler import DeviceResult, DeviceSampler, sampler_field
 from gpu.backends.cuda.staging import OverlappedStaging, Staging
 from gpu.forward_batch import ForwardBatch
 from gpu.kernels.launch import SIMULATOR
-from gpu.model import LlamaModel
-from gpu.model_runner import ReadyResult
 from gpu.sampling import SamplingMetadata
 
 _NONE = np.zeros(0, dtype=np.int32)
@@ -195,7 +194,7 @@ class CudaExecutor:
     cuBLAS algorithms) of the eager step it was captured from: same bits, same tokens.
     """
 
-    def __init__(self, model: LlamaModel, backend: Any, config: Any = None) -> None:
+    def __init__(self, model: ForwardModel, backend: Any, config: Any = None) -> None:
         self.model = model
         self.backend = backend
         max_tokens = model.residual.shape[0]
