@@ -38,7 +38,7 @@ ARGMAX_ROWS = [1, 64]
 POOL_BLOCKS = max(b * -(-ctx // BS) for b, ctx in ATTENTION_CASES)  # 8192: 2 x 128 MB
 REPS = 50
 CHECK_SEQS = 4  # sequences of each case checked against the numpy twin
-COPY_TB_S = 4.25  # the measured device copy rate (DESIGN.md)
+COPY_TB_S = 4.25  # the measured device copy rate (docs/DESIGN.md)
 
 stream = cuda.stream()
 rng = np.random.default_rng(0)
