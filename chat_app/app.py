@@ -24,10 +24,9 @@ from chat_app.chat_screen import ChatScreen
 from chat_app.engine_api import EngineFactory, EngineThread
 from chat_app.engine_client import EngineClient
 from chat_app.history import HistoryStore
-from chat_app.launch import add_app_arguments, run_app
 from chat_app.session import ChatSession, ChatSettings
 
-__all__ = ["TinyChatApp", "add_app_arguments", "run_app"]
+__all__ = ["TinyChatApp"]
 
 
 class EngineLoaded(Message):

@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="tinychat", description="Chat with a local LLM in your terminal.")
     _add_model_arguments(parser)
     try:
-        from chat_app.app import add_app_arguments
+        from chat_app.launch import add_app_arguments
     except ImportError:  # the app is optional for the other subcommands
         add_app_arguments = None
     if add_app_arguments is not None:

@@ -161,7 +161,6 @@ def test_non_finite_sampling_values_are_refused(tiny_model, option, value):
 @pytest.fixture
 def app_runs(monkeypatch, tmp_path) -> list:
     """`tinychat` (the app) up to the point the UI would open: the runs it would have made."""
-    import chat_app.app
     import chat_app.launch
 
     monkeypatch.setenv("TINYCHAT_HOME", str(tmp_path / "home"))
@@ -172,7 +171,6 @@ def app_runs(monkeypatch, tmp_path) -> list:
         return 0
 
     monkeypatch.setattr(chat_app.launch, "run_app", run_app)
-    monkeypatch.setattr(chat_app.app, "run_app", run_app)
     return runs
 
 
