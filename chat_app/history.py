@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chat_app.paths import history_path
-from chat_app.session import ChatMessage
+from chat_app.chat_message import ChatMessage
 
 SCHEMA_VERSION = 1
 SCHEMA = """

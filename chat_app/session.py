@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING
 
+from chat_app.chat_message import ChatMessage
 from gpu.sampling_params import RequestOutputKind, SamplingParams
 from gpu.sampling_presets import CHAT_DEFAULTS, CHAT_MAX_TOKENS
 
@@ -71,17 +72,6 @@ class ChatSettings:
         except (ValueError, TypeError):
             return fallback
         return settings
-
-
-@dataclass
-class ChatMessage:
-    """One turn. An assistant message has `finish_reason` None while it streams."""
-
-    role: str  # "user" | "assistant"
-    content: str
-    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" | "interrupted"
-    error: str | None = None
-    id: int | None = None  # row id in the history store
 
 
 class ChatSession:

@@ -151,9 +151,16 @@ def build_app(client: Any, api_key: str | None = None) -> Starlette:
     return app
 
 
-def uvicorn_config(app: ASGIApp, host: str, port: int, access_log: bool = True) -> uvicorn.Config:
+def uvicorn_config(
+    app: ASGIApp, host: str, port: int, access_log: bool = True, log_level: str = "info"
+) -> uvicorn.Config:
     return uvicorn.Config(
-        app, host=host, port=port, access_log=access_log, log_level="info", timeout_keep_alive=30
+        app,
+        host=host,
+        port=port,
+        access_log=access_log,
+        log_level=log_level,
+        timeout_keep_alive=30,
     )
 
 
@@ -166,8 +173,7 @@ class ServerThread:
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, 0))
         port = self._socket.getsockname()[1]
-        config = uvicorn_config(app, host, port, access_log=False)
-        config.log_level = "warning"
+        config = uvicorn_config(app, host, port, access_log=False, log_level="warning")
         self.server = uvicorn.Server(config)
         self.url = f"http://{host}:{port}/v1"
         self._thread = threading.Thread(

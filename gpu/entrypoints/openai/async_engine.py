@@ -15,7 +15,7 @@ in the engine at once: nobody will read its tokens.
 from __future__ import annotations
 
 import asyncio
-import itertools
+import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -50,7 +50,6 @@ class AsyncEngine:
         self._pending: deque[RequestOutput] = deque()  # append/popleft are atomic
         self._wakeup_posted = False
         self._queues: dict[str, asyncio.Queue[RequestOutput]] = {}
-        self._ids = itertools.count()
 
     def stats(self) -> EngineStats:
         return self.client.stats()
@@ -81,8 +80,10 @@ class AsyncEngine:
 
     # -- requests ---------------------------------------------------------------------------
 
-    def new_request_id(self, prefix: str) -> str:
-        return f"{prefix}-{next(self._ids)}"
+    @staticmethod
+    def new_request_id(prefix: str) -> str:
+        """Unique across servers sharing one engine client (ids are the engine's keys)."""
+        return f"{prefix}-{uuid.uuid4().hex}"
 
     async def generate(
         self, prompt_ids: list[int], params: SamplingParams, request_id: str

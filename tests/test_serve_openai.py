@@ -1,0 +1,257 @@
+"""`tinychat serve` on the default model (cpu backend), through the official `openai` client:
+the same greedy text as `tinychat generate`, usage, every error's status and shape, the API
+key, /metrics, and a client that leaves mid-stream aborting its request."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from chat_app.cli import main as tinychat_main
+from gpu.config import EngineConfig
+from gpu.entrypoints.openai.api_server import ServerThread, build_app
+from gpu.entrypoints.openai.async_engine import build_engine_client
+
+pytestmark = pytest.mark.slow
+
+QUESTION = "Tell me a story about a dragon."
+MAX_TOKENS = 8
+CONTEXT = 256
+
+
+class Served:
+    def __init__(self, client, server: ServerThread, keyed: ServerThread) -> None:
+        self.engine_client = client
+        self.url = server.url
+        self.keyed_url = keyed.url
+        self.model = client.engine.model_name
+        self.openai = openai.OpenAI(base_url=server.url, api_key="none", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def served(default_model_dir: Path) -> Iterator[Served]:
+    """One engine, two servers on it: open, and with --api-key secret."""
+    config = EngineConfig(max_model_len=CONTEXT, max_num_seqs=4)
+    client = build_engine_client(str(default_model_dir), "cpu", config)
+    client.start()
+    server = ServerThread(build_app(client)).start()
+    keyed = ServerThread(build_app(client, api_key="secret")).start()
+    try:
+        yield Served(client, server, keyed)
+    finally:
+        server.stop()
+        keyed.stop()
+        client.shutdown()
+
+
+@pytest.fixture(scope="module")
+def generated(default_model_dir: Path, tinychat_test_home: Path) -> dict:
+    """`tinychat generate --json`: greedy, the reference for the server's text."""
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    argv = ["generate", QUESTION, "--model", str(default_model_dir), "--device", "cpu",
+            "--max-tokens", str(MAX_TOKENS), "--max-model-len", str(CONTEXT), "--json"]  # fmt: skip
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        assert tinychat_main(argv) == 0
+    return json.loads(out.getvalue())
+
+
+def chat(served: Served, **kwargs):
+    return served.openai.chat.completions.create(
+        model=served.model,
+        messages=[{"role": "user", "content": QUESTION}],
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        **kwargs,
+    )
+
+
+def test_chat_equals_tinychat_generate_whole_and_streamed(served: Served, generated: dict):
+    reply = chat(served)
+    assert reply.choices[0].message.content == generated["text"]
+    assert reply.choices[0].message.role == "assistant"
+    assert reply.choices[0].finish_reason == "length"  # 8 tokens: cut short
+    assert reply.usage.prompt_tokens == len(generated["prompt_ids"])
+    assert reply.usage.completion_tokens == len(generated["output_ids"]) == MAX_TOKENS
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + MAX_TOKENS
+    assert reply.model == served.model and reply.object == "chat.completion"
+
+    chunks = list(chat(served, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == generated["text"]
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finals[-1] == "length" and set(finals[:-1]) == {None}
+    usage = chunks[-1].usage  # the last chunk: no choices, the usage
+    assert chunks[-1].choices == [] and all(c.usage is None for c in chunks[:-1])
+    assert (usage.prompt_tokens, usage.completion_tokens) == (reply.usage.prompt_tokens, 8)
+
+
+def test_completions_take_token_ids_and_text(served: Served, generated: dict):
+    ids = generated["prompt_ids"]
+    whole = served.openai.completions.create(
+        model=served.model, prompt=ids, max_tokens=MAX_TOKENS, temperature=0
+    )
+    assert whole.choices[0].text == generated["text"]
+    assert whole.usage.prompt_tokens == len(ids)
+    assert whole.usage.completion_tokens == MAX_TOKENS
+    stream = served.openai.completions.create(
+        model=served.model, prompt="The capital of France is", max_tokens=3, temperature=0,
+        stream=True, stream_options={"include_usage": True},
+    )  # fmt: skip
+    chunks = list(stream)
+    assert chunks[-1].usage.completion_tokens == 3
+    assert chunks[-2].choices[0].finish_reason == "length"
+    assert "".join(c.choices[0].text for c in chunks if c.choices).strip()
+
+
+def test_a_stop_string_ends_the_reply_without_it(served: Served, generated: dict):
+    word = generated["text"].split()[2]  # the third word of the greedy reply
+    reply = chat(served, stop=[word])
+    assert reply.choices[0].finish_reason == "stop"
+    assert word not in reply.choices[0].message.content
+    assert generated["text"].startswith(reply.choices[0].message.content)
+
+
+def error_of(call) -> tuple[int, dict]:
+    with pytest.raises(openai.APIStatusError) as info:
+        call()
+    body = info.value.body
+    return info.value.status_code, body if "message" in body else body["error"]
+
+
+def bad_chat(served: Served, **body):
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **body}
+    return lambda: served.openai.chat.completions.create(**body)
+
+
+@pytest.mark.parametrize(
+    "body, param, words",
+    [
+        ({"model": "x", "n": 2}, "n", "n other than 1"),
+        ({"model": "x", "logprobs": True}, "logprobs", "logprobs"),
+        ({"model": "x", "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools",
+         "Tool calling"),
+        ({"model": "x", "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}]},
+         "messages.0.content", "Images"),
+        ({"model": "x", "max_tokens": "many"}, "max_tokens", "valid integer"),
+        ({"model": "x", "temperature": -1}, None, "temperature must be non-negative"),
+    ],
+)  # fmt: skip
+def test_what_is_not_served_is_400_in_openai_shape(served: Served, body, param, words):
+    body["model"] = served.model
+    status, error = error_of(bad_chat(served, **body))
+    assert status == 400
+    assert error["type"] == "invalid_request_error" and error["param"] == param
+    assert words in error["message"]
+
+
+def test_an_unknown_model_is_404(served: Served):
+    status, error = error_of(bad_chat(served, model="gpt-9"))
+    assert status == 404 and error["code"] == "model_not_found"
+    assert "gpt-9" in error["message"] and served.model in error["message"]
+
+
+def test_a_prompt_longer_than_the_context_is_400_with_the_lengths(served: Served):
+    long = " ".join(["word"] * (CONTEXT + 20))
+    status, error = error_of(bad_chat(served, model=served.model, messages=[
+        {"role": "user", "content": long}]))  # fmt: skip
+    assert status == 400 and error["code"] == "context_length_exceeded"
+    assert f"maximum context length is {CONTEXT} tokens" in error["message"]
+    status, error = error_of(bad_chat(served, model=served.model, max_tokens=CONTEXT))
+    assert status == 400 and f"{CONTEXT} in the completion" in error["message"]
+
+
+def test_bad_json_and_unknown_routes(served: Served):
+    r = httpx.post(served.url + "/chat/completions", content=b"{not json", timeout=30)
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    r = httpx.post(served.url + "/completions", json=[1, 2], timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    r = httpx.get(served.url + "/nothing-here", timeout=30)
+    assert r.status_code == 404 and "error" in r.json()
+    r = httpx.get(served.url + "/chat/completions", timeout=30)
+    assert r.status_code == 405 and "error" in r.json()
+
+
+def test_models_and_health(served: Served):
+    models = served.openai.models.list().data
+    assert [m.id for m in models] == [served.model]
+    assert models[0].model_extra["max_model_len"] == CONTEXT
+    assert httpx.get(served.url.removesuffix("/v1") + "/health", timeout=30).status_code == 200
+
+
+def test_the_api_key_is_required_when_set(served: Served):
+    for key in ("wrong", None):
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        r = httpx.get(served.keyed_url + "/models", headers=headers, timeout=30)
+        assert r.status_code == 401
+        assert r.json()["error"]["code"] == "invalid_api_key"
+    keyed = openai.OpenAI(base_url=served.keyed_url, api_key="secret", max_retries=0)
+    assert [m.id for m in keyed.models.list().data] == [served.model]
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=served.keyed_url, api_key="nope", max_retries=0).models.list()
+    health = httpx.get(served.keyed_url.removesuffix("/v1") + "/health", timeout=30)
+    assert health.status_code == 200  # /health and /metrics stay open
+
+
+def wait_for(condition, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_a_client_that_leaves_mid_stream_aborts_its_request(served: Served):
+    body = {
+        "model": served.model,
+        "messages": [{"role": "user", "content": "Tell me a long story."}],
+        "max_tokens": CONTEXT - 64,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+    }
+    with httpx.stream("POST", served.url + "/chat/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        while '"content":"' not in next(lines) or not served.engine_client.stats().num_running:
+            pass  # until a token has streamed and the engine holds the request
+    # The connection is closed here: the engine drops the request long before its 192 tokens.
+    wait_for(lambda: served.engine_client.stats().num_running == 0, "the abort", timeout=10)
+    families = metrics(served)
+    success = families["tinychat:request_success"]
+    aborted = [s for s in success.samples if s.labels.get("finished_reason") == "abort"]
+    assert aborted and aborted[0].value >= 1
+
+
+def metrics(served: Served) -> dict:
+    text = httpx.get(served.url.removesuffix("/v1") + "/metrics", timeout=30).text
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def test_metrics_parse_and_count(served: Served):
+    chat(served)
+    families = metrics(served)
+    for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
+                 "prefix_cache_hit_rate", "prompt_tokens", "generation_tokens",
+                 "time_to_first_token_seconds", "inter_token_latency_seconds"):  # fmt: skip
+        assert f"tinychat:{name}" in families, name
+
+    def value(family: str, sample: str) -> float:
+        return next(s.value for s in families[family].samples if s.name == sample)
+
+    assert value("tinychat:generation_tokens", "tinychat:generation_tokens_total") >= MAX_TOKENS
+    assert value("tinychat:prompt_tokens", "tinychat:prompt_tokens_total") > 0
+    ttft = "tinychat:time_to_first_token_seconds"
+    assert value(ttft, ttft + "_count") >= 1
+    itl = "tinychat:inter_token_latency_seconds"
+    assert value(itl, itl + "_count") >= 1
+    assert 0 <= value("tinychat:kv_cache_usage_perc", "tinychat:kv_cache_usage_perc") <= 1
