@@ -25,8 +25,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from chat_app.paths import history_path
 from chat_app.chat_message import ChatMessage
+from chat_app.paths import history_path
 
 SCHEMA_VERSION = 1
 SCHEMA = """
