@@ -10,11 +10,13 @@ import argparse
 import sys
 from collections.abc import Callable
 from dataclasses import fields
+from pathlib import Path
 
 from chat_app.engine_api import EngineThread
 from chat_app.session import ChatSettings
 
 _DEFAULTS = ChatSettings()
+ENGINE_LOG = "engine-core.log"  # in the home: the engine core's stdout and stderr
 
 
 def add_app_arguments(parser: argparse.ArgumentParser) -> None:
@@ -95,21 +97,47 @@ def engine_factory(
     device: str,
     max_model_len: int | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    *,
+    engine_process: bool = True,
+    log_path: str | None = None,
 ) -> EngineThread:
-    """Load the model and wrap it in an engine thread (slow: runs in the app's worker).
-    progress(stage, done, total) hears how far the build is (weights, kernels compiling)."""
-    from gpu import LLM  # imported here: the UI opens before the engine's imports finish
-    from gpu.engine_thread import EngineThread as RealEngineThread
+    """Load the model behind an engine client (slow: runs in the app's worker).
+    progress(stage, done, total) hears how far the build is (weights, kernels compiling).
+
+    engine_process: the engine core runs in a process of its own (gpu.engine_core), so the
+    UI's Python never holds the GIL its step loop needs; False: an engine thread in this
+    process, as `tinychat --no-engine-process` asks (`tinychat bench app` compares the two).
+    log_path: where the core's own output goes (the app owns the terminal)."""
+    from gpu import EngineConfig  # imported here: the UI opens before the engine's imports finish
 
     options = {} if max_model_len is None else {"max_model_len": max_model_len}
+    if engine_process:
+        from gpu.engine_core import EngineCoreClient
+
+        config = EngineConfig(**options)
+        return EngineCoreClient(model, device, config, progress=progress, log_path=log_path)
+    from gpu import LLM
+    from gpu.engine_thread import EngineThread as RealEngineThread
+
     llm = LLM(model=model, device=device, progress=progress, **options)
     return RealEngineThread(llm.llm_engine)
 
 
+def _engine_log(home: Path) -> str:
+    """A fresh log file for the engine core's output; the null device where the home is
+    read-only (the app runs there too, without saving)."""
+    import os
+
+    path = home / ENGINE_LOG
+    try:
+        path.write_bytes(b"")
+    except OSError:
+        return os.devnull
+    return str(path)
+
+
 def run_app(args: argparse.Namespace) -> int:
     """Run the app until the user quits; returns the process exit status."""
-    from pathlib import Path
-
     from chat_app.app import TinyChatApp
     from chat_app.history import HistoryError, HistoryStore
     from chat_app.instance_lock import AlreadyRunning, InstanceLock
@@ -121,11 +149,14 @@ def run_app(args: argparse.Namespace) -> int:
         defaults = settings_from_args(args)
     except ValueError as error:
         print(f"tinychat: error: {error}", file=sys.stderr)
-        return 2
+        return 1  # a bad option value, as the CLI's own check and the README have it
     keymap_file = getattr(args, "keymap", None)
-    keymap, keymap_error = load_keymap(Path(keymap_file) if keymap_file else None)
+    keymap, keymap_error = load_keymap(
+        Path(keymap_file) if keymap_file else None, TinyChatApp.binding_ids()
+    )
     model, device = getattr(args, "model", None), getattr(args, "device", "auto") or "auto"
     max_model_len = getattr(args, "max_model_len", None)
+    engine_process = not getattr(args, "no_engine_process", False)
     try:
         lock = InstanceLock.acquire(history_path().parent)
     except AlreadyRunning as error:
@@ -137,9 +168,17 @@ def run_app(args: argparse.Namespace) -> int:
         lock.release()
         print(f"tinychat: error: {error}", file=sys.stderr)
         return 1
+    log_path = _engine_log(history_path().parent)
     app = TinyChatApp(
         # The loading line shows the build's progress (the factory runs once the app exists).
-        lambda: engine_factory(model, device, max_model_len, app.client.report_progress),
+        lambda: engine_factory(
+            model,
+            device,
+            max_model_len,
+            app.client.report_progress,
+            engine_process=engine_process,
+            log_path=log_path,
+        ),
         store,
         defaults=defaults,
         fresh=args.fresh,
