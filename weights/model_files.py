@@ -17,10 +17,9 @@ from pathlib import Path
 from .atomic import read_marker
 from .checkpoint import check_llama_tensors, checkpoint_index
 from .config import ModelConfig
-from .default_model import REPAIR_HINT, is_default_model
 from .errors import ModelLoadError, fail
 from .generation_config import GenerationConfig
-from .paths import hf_repo_id_of
+from .paths import REPAIR_HINT, hf_repo_id_of, is_default_model
 from .safetensors_format import Tensor, TensorInfo, map_tensors
 from .tokenizer import TOKENIZER_FILE, Tokenizer
 

@@ -13,6 +13,9 @@ from pathlib import Path
 
 import platformdirs
 
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"  # the model tinychat fetches and converts itself
+REPAIR_HINT = "run `tinychat pull` to fetch and convert the default model again"
+
 
 def tinychat_home() -> Path:
     """`$TINYCHAT_HOME`, else the user's cache dir for tinychat (e.g. ~/.cache/tinychat)."""
@@ -25,6 +28,14 @@ def tinychat_home() -> Path:
 def models_dir() -> Path:
     """The folder holding tinychat's converted models, one sub-folder per model."""
     return tinychat_home() / "models"
+
+
+def is_default_model(folder: Path) -> bool:
+    """True if `folder` is the default model's folder in tinychat's cache."""
+    try:
+        return folder.resolve() == (models_dir() / DEFAULT_MODEL_NAME).resolve()
+    except OSError:
+        return False
 
 
 def hf_hub_cache() -> Path:
