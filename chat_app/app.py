@@ -153,6 +153,21 @@ class TinyChatApp(App[int]):
         else:
             self.post_message(EngineLoaded(thread))
 
+    def restart_engine(self) -> None:
+        """Build a new engine in place of the current one (its process stopped, say): the
+        old one is shut down and the new one loads off the UI thread, as at start-up."""
+        factory = self._engine_factory
+        if factory is None:
+            return
+        old = self.client.detach()
+
+        def reload() -> None:
+            if old is not None:
+                old.shutdown()
+            self._load_engine(factory)
+
+        threading.Thread(target=reload, daemon=True).start()
+
     async def on_engine_loaded(self, message: EngineLoaded) -> None:
         self.client.attach(message.thread)
         await self.chat_screen.engine_ready()

@@ -59,6 +59,8 @@ class ChatScreen(Screen[None]):
         Binding("ctrl+y", "copy_reply", "Copy reply", id="copy_reply", priority=True,
                 show=False, tooltip="Copy the last reply to the clipboard"),
         Binding("f1", "help", "Help", id="help", tooltip="List every shortcut"),
+        Binding("f5", "restart_engine", "Restart engine", id="restart_engine", show=False,
+                priority=True, tooltip="Start the engine again (after its process stopped)"),
         Binding("ctrl+pagedown", "next_tab", "Next tab", id="next_tab", show=False,
                 priority=True, tooltip="Show the next tab"),
         Binding("ctrl+pageup", "previous_tab", "Previous tab", id="previous_tab", show=False,
@@ -89,6 +91,7 @@ class ChatScreen(Screen[None]):
         self._stats_interval = stats_interval
         self._pane_ids = (f"chat-{n}" for n in itertools.count(1))
         self._tabs_ready = False  # engine news that comes earlier is handled by on_mount
+        self._told_stopped = False  # the toast that the engine stopped, once per engine
 
     def compose(self) -> ComposeResult:
         yield TabbedContent(id="tabs")
@@ -173,7 +176,14 @@ class ChatScreen(Screen[None]):
     def refresh_status(self, *, sample: bool = False) -> None:
         """Poll the engine's latest stats snapshot (cheap; never waits on the engine)."""
         status = self.query_one(StatusBar)
-        status.show_model(self._client.describe(), failed=self._client.load_error is not None)
+        if self._client.stopped:
+            restart = self.key_for("restart_engine")
+            status.show_model(f"the engine stopped · {restart} restarts it", failed=True)
+            if not self._told_stopped:
+                self._told_stopped = True
+                self.notify(f"The engine stopped. {restart} restarts it.", severity="error")
+        else:
+            status.show_model(self._client.describe(), failed=self._client.load_error is not None)
         status.show_engine(self._client.stats(), sample=sample)
         if self.tabs.active_pane is not None:
             status.show_tab(self.active_pane.last_metrics)
@@ -230,6 +240,17 @@ class ChatScreen(Screen[None]):
 
     async def action_stop_reply(self) -> None:
         await self.active_pane.stop()
+
+    async def action_restart_engine(self) -> None:
+        """Stop every reply (what streamed stays) and start a new engine; messages sent
+        meanwhile go out when it is ready, as at start-up."""
+        if self._client.loading:
+            self.notify("The engine is still starting.", severity="warning")
+            return
+        await self.stop_all()
+        self._told_stopped = False
+        self.app.restart_engine()  # type: ignore[attr-defined]
+        self.refresh_status()
 
     async def action_regenerate(self) -> None:
         await self.active_pane.regenerate()

@@ -125,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
         add_bench_arguments = None
     if add_bench_arguments is not None:
         add_bench_arguments(bench)
+        from chat_app.bench_app import add_bench_app_arguments
+
+        add_bench_app_arguments(bench)  # `tinychat bench app`: the app's cost to the engine
     return parser
 
 
@@ -307,6 +310,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from gpu.bench import run_bench
 
     args.progress = ProgressPrinter()  # the engine build's bar (kernels compiling, ...)
+    if "app" in args.workloads:  # the real app against the engine alone (chat_app/bench_app.py)
+        from chat_app.bench_app import run_bench_app
+
+        return run_bench_app(args)
     return run_bench(args)
 
 

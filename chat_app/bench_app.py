@@ -1,0 +1,423 @@
+"""`tinychat bench app --tabs N`: what the app costs the engine, measured on the real app.
+
+    tinychat bench app --device cpu --tabs 2
+    tinychat bench app --device cuda --config llama-3.2-1b --tabs 8 --new-tokens 256 --json F
+
+N tabs stream at once, each with a fixed prompt and the app's default sampling
+(gpu.sampling_presets.CHAT_DEFAULTS), `--new-tokens` each with ignore_eos, so that every run
+does the same work. The runs (`--runs`, in this order):
+
+    core      the engine core (its own process) through its client, with no app
+    app-core  the real app through that client
+    engine    the in-process engine thread with no app: the reference
+    app       the real app on the in-process engine thread
+
+The app runs headless (Textual's `run_test` at 160x50): the same widgets, layout and Markdown
+as on a terminal, only the final write to the terminal is skipped. The last tab opened is the
+one shown, as when a user watches one tab while the others stream. The core runs go first:
+their process has the device to itself, then exits before this process builds its engine.
+
+Each run reports the tokens received over the wall time from queuing the first request to the
+last token received (tok/s), and the gaps between arrivals of new tokens at each tab's sink,
+pooled over the tabs (p50, p99; tokens that arrive together count once): for the app that is
+the pane, on the UI thread, where a frame's coalesced tokens arrive; with no app it is the
+engine's output callback, a token a step. `x engine` is a run's tok/s over the engine run's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from chat_app.engine_api import EngineThread, OutputCallback
+    from gpu.outputs import EngineStats, RequestOutput
+    from gpu.sampling_params import SamplingParams
+
+RUNS = ("core", "app-core", "engine", "app")
+SIZE = (160, 50)
+PROMPTS = (
+    "Explain how a hash map handles collisions, with a short example in Python.",
+    "Write a haiku about the sea, then explain its imagery line by line.",
+    "What are the main differences between TCP and UDP? Use a table.",
+    "Summarise the plot of a heist film you would like to see, in five paragraphs.",
+    "Give me a recipe for a vegetable soup, with the steps as a numbered list.",
+    "How does a CPU cache work? Explain it to a curious twelve-year-old.",
+    "List ten ideas for a weekend project that teaches something about electronics.",
+    "Compare three ways to sort a list and say when each one is the right choice.",
+)
+
+
+def add_bench_app_arguments(parser: argparse.ArgumentParser) -> None:
+    """The app workload's options (the bench's others: --model/--config, --device,
+    --new-tokens, --json, the engine's sizes)."""
+    group = parser.add_argument_group("the app workload (tinychat bench app)")
+    group.add_argument("--tabs", type=int, default=1, help="tabs streaming at once (app)")
+    group.add_argument(
+        "--runs",
+        default=None,
+        help=f"comma-separated, of {', '.join(RUNS)} (default: every one that is available; "
+        "the core runs need --model, not --config)",
+    )
+
+
+@dataclasses.dataclass
+class RunResult:
+    """One run: the whole stream's rate, and how evenly tokens reached the tabs."""
+
+    run: str
+    tabs: int
+    tokens: int  # received, over every tab
+    tokens_requested: int
+    wall_s: float  # first request queued -> last token received
+    tok_s: float
+    gap_p50_ms: float
+    gap_p99_ms: float
+    gap_max_ms: float
+    tokens_per_arrival: float  # > 1 where a frame coalesces tokens
+    ttft_p50_ms: float
+    x_engine: float | None = None
+
+
+class Arrivals:
+    """Token arrivals at each tab's sink: (time, tokens) per request, safe from any thread
+    (one list per request, appended by the one thread that delivers it)."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = clock
+        self.start = 0.0
+        self._by_tab: dict[str, list[tuple[float, int]]] = {}
+
+    def begin(self) -> None:
+        self.start = self.clock()
+
+    def record(self, tab: str, num_tokens: int) -> None:
+        if num_tokens:
+            self._by_tab.setdefault(tab, []).append((self.clock(), num_tokens))
+
+    def result(self, run: str, tabs: int, requested: int) -> RunResult:
+        tokens = sum(n for arrivals in self._by_tab.values() for _, n in arrivals)
+        ends = [arrivals[-1][0] for arrivals in self._by_tab.values()]
+        wall = max(ends) - self.start if ends else 0.0
+        gaps = [
+            b[0] - a[0]
+            for arrivals in self._by_tab.values()
+            for a, b in zip(arrivals, arrivals[1:], strict=False)
+        ]
+        firsts = [arrivals[0][0] - self.start for arrivals in self._by_tab.values()]
+        count = sum(len(arrivals) for arrivals in self._by_tab.values())
+        return RunResult(
+            run=run,
+            tabs=tabs,
+            tokens=tokens,
+            tokens_requested=requested,
+            wall_s=wall,
+            tok_s=tokens / wall if wall > 0 else 0.0,
+            gap_p50_ms=1e3 * _percentile(gaps, 50),
+            gap_p99_ms=1e3 * _percentile(gaps, 99),
+            gap_max_ms=1e3 * max(gaps, default=0.0),
+            tokens_per_arrival=tokens / count if count else 0.0,
+            ttft_p50_ms=1e3 * _percentile(firsts, 50),
+        )
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+class FixedWork:
+    """An EngineThread (chat_app.engine_api's protocol) whose every request generates exactly
+    `max_tokens`: the app's own settings choose the sampling, this makes the length fixed.
+
+    It starts its thread once and stops it once, so that one warmed-up engine serves the
+    run without the app and then the app (which starts the thread it is given, and stops it
+    when it quits)."""
+
+    def __init__(self, thread: EngineThread, max_tokens: int) -> None:
+        self.thread = thread
+        self.engine = thread.engine
+        self.max_tokens = max_tokens
+        self._started = self._stopped = False
+
+    def start(self) -> None:
+        if not self._started:
+            self._started = True
+            self.thread.start()
+
+    def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        on_output: OutputCallback,
+        request_id: str | None = None,
+    ) -> str:
+        params = dataclasses.replace(params, max_tokens=self.max_tokens, ignore_eos=True)
+        return self.thread.add_request(prompt, params, on_output, request_id=request_id)
+
+    def abort(self, request_id: str) -> None:
+        self.thread.abort(request_id)
+
+    def stats(self) -> EngineStats:
+        return self.thread.stats()
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        if self._started and not self._stopped:
+            self._stopped = True
+            self.thread.shutdown(timeout)
+
+
+def prompts_for(tabs: int) -> list[str]:
+    return [PROMPTS[i % len(PROMPTS)] for i in range(tabs)]
+
+
+def run_engine_alone(work: FixedWork, tabs: int, run: str) -> RunResult:
+    """The same requests as the app's tabs, straight into the engine (started here if it is
+    not yet, left running): outputs are timed in the engine's callback."""
+    from gpu.sampling_params import RequestOutputKind
+    from gpu.sampling_presets import chat_sampling_params
+
+    tokenizer = work.engine.tokenizer
+    params = chat_sampling_params(output_kind=RequestOutputKind.DELTA)
+    arrivals = Arrivals()
+    done = threading.Semaphore(0)
+    errors: list[str] = []
+
+    def sink(tab: str) -> Callable[[RequestOutput], None]:
+        def on_output(output: RequestOutput) -> None:
+            arrivals.record(tab, len(output.outputs[0].token_ids) if output.outputs else 0)
+            if output.finished:
+                if output.error:
+                    errors.append(output.error)
+                done.release()
+
+        return on_output
+
+    work.start()
+    prompt_ids = [
+        list(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+            )
+        )
+        for prompt in prompts_for(tabs)
+    ]
+    arrivals.begin()
+    for n, ids in enumerate(prompt_ids, 1):
+        work.add_request(ids, params, sink(f"tab-{n}"))
+    for _ in range(tabs):
+        done.acquire()
+    if errors:
+        raise RuntimeError(f"the engine failed a request: {errors[0]}")
+    return arrivals.result(run, tabs, tabs * work.max_tokens)
+
+
+def run_app(work: FixedWork, tabs: int, run: str) -> RunResult:
+    """The real app, headless, on `work` (stopped when the app quits), `tabs` tabs sending at
+    once; tokens are timed at each pane."""
+    return asyncio.run(_run_app(work, tabs, run))
+
+
+async def _run_app(work: FixedWork, tabs: int, run: str) -> RunResult:
+    from chat_app.app import TinyChatApp
+    from chat_app.bridge import StreamUpdate
+    from chat_app.history import HistoryStore
+    from chat_app.session import ChatSettings
+
+    arrivals = Arrivals()
+    with tempfile.TemporaryDirectory(prefix="tinychat-bench-app-") as home:
+        store = HistoryStore.open(Path(home) / "history.db")  # the app saves as it streams
+        app = TinyChatApp(
+            lambda: work,
+            store,
+            defaults=ChatSettings(max_tokens=work.max_tokens),
+            fresh=True,
+            export_dir=Path(home) / "exports",
+        )
+        try:
+            async with app.run_test(size=SIZE) as pilot:
+                await _until(lambda: app.client.ready or app.client.load_error is not None)
+                if app.client.load_error is not None:
+                    raise RuntimeError(f"the engine failed to load: {app.client.load_error}")
+                screen = app.chat_screen
+                while len(screen.panes) < tabs:
+                    await screen.action_new_chat()
+                await pilot.pause()
+                panes = screen.panes
+                for pane in panes:  # time each update where the pane receives it
+                    receive = pane.on_stream_update
+
+                    async def timed(update: StreamUpdate, tab=pane.id, receive=receive) -> None:
+                        arrivals.record(tab or "", update.num_tokens)
+                        await receive(update)
+
+                    pane.on_stream_update = timed  # type: ignore[method-assign]
+                arrivals.begin()
+                for pane, prompt in zip(panes, prompts_for(tabs), strict=True):
+                    await pane.send(prompt)
+                await _until(lambda: not any(pane.replying for pane in panes), timeout=3600)
+                failed = [
+                    m.error for p in panes for m in p.session.messages if m.finish_reason == "error"
+                ]
+                if failed:
+                    raise RuntimeError(f"a reply failed: {failed[0]}")
+                await app.action_quit()
+        finally:
+            store.close()
+    return arrivals.result(run, tabs, tabs * work.max_tokens)
+
+
+async def _until(condition: Callable[[], bool], timeout: float = 600.0) -> None:
+    """Poll without waking the UI more than a timer would."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the app did not finish in time")
+        await asyncio.sleep(0.02)
+
+
+def bench_engine(
+    thread: EngineThread, tabs: int, new_tokens: int, runs: list[str], names: tuple[str, str]
+) -> list[RunResult]:
+    """One engine (an in-process engine thread, or an engine-core client) for the run without
+    the app and the run with it (names), after a short warm-up pass of the same requests
+    (caches, the prefix cache, each batch size's graphs). Stops the engine at the end."""
+    alone, in_app = names
+    results = []
+    work = FixedWork(thread, min(new_tokens, 16))
+    try:
+        run_engine_alone(work, tabs, "warm-up")
+        work.max_tokens = new_tokens
+        if alone in runs:
+            results.append(run_engine_alone(work, tabs, alone))
+        if in_app in runs:
+            results.append(run_app(work, tabs, in_app))
+    finally:
+        work.shutdown()
+    return results
+
+
+def add_ratios(results: list[RunResult]) -> None:
+    reference = next((r for r in results if r.run == "engine"), None)
+    for r in results:
+        if reference is not None and reference.tok_s > 0:
+            r.x_engine = r.tok_s / reference.tok_s
+
+
+def core_client(args: argparse.Namespace) -> EngineThread:
+    """An engine-core client (it spawns the core, which loads the model the arguments name)."""
+    if args.config is not None:
+        raise ValueError(
+            "the engine core loads a model by name: the core runs need --model (or the "
+            "default model), not --config's random weights"
+        )
+    from gpu.engine_core import EngineCoreClient
+
+    progress = getattr(args, "progress", None)  # the command line's bar
+    client = EngineCoreClient(args.model, args.device, _engine_config(args), progress=progress)
+    if hasattr(progress, "finish"):
+        progress.finish()
+    return client
+
+
+def _engine_config(args: argparse.Namespace):
+    from gpu.config import EngineConfig
+
+    config = EngineConfig(
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        enforce_eager=args.enforce_eager,
+    )
+    if args.async_scheduling is not None:
+        config.async_scheduling = args.async_scheduling
+    return config
+
+
+def _core_available() -> bool:
+    try:
+        import gpu.engine_core  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def choose_runs(args: argparse.Namespace) -> list[str]:
+    if args.runs:
+        runs = [r.strip() for r in args.runs.split(",") if r.strip()]
+        unknown = set(runs) - set(RUNS)
+        if unknown:
+            raise ValueError(f"unknown run(s) {', '.join(sorted(unknown))}: use {', '.join(RUNS)}")
+        return [r for r in RUNS if r in runs]
+    with_core = _core_available() and args.config is None
+    return [r for r in RUNS if with_core or r not in ("core", "app-core")]
+
+
+def run_bench_app(args: argparse.Namespace) -> int:
+    """`tinychat bench app`: the runs, a table, and --json."""
+    from gpu.bench import _build
+    from gpu.sampling_presets import CHAT_DEFAULTS
+
+    if args.tabs < 1:
+        raise ValueError("--tabs must be at least 1")
+    runs = choose_runs(args)
+    results: list[RunResult] = []
+    if {"core", "app-core"} & set(runs):
+        client = core_client(args)
+        results += bench_engine(client, args.tabs, args.new_tokens, runs, ("core", "app-core"))
+    engine = label = None
+    if {"engine", "app"} & set(runs):
+        from gpu.engine_thread import EngineThread
+
+        engine, _, label, _ = _build(args)
+        thread = EngineThread(engine)
+        results += bench_engine(thread, args.tabs, args.new_tokens, runs, ("engine", "app"))
+    add_ratios(results)
+    report = {
+        "workload": "app",
+        "model": label or args.config or args.model or "default",
+        "device": engine.device if engine is not None else args.device,
+        "tabs": args.tabs,
+        "new_tokens": args.new_tokens,
+        "sampling": CHAT_DEFAULTS.describe(),
+        "size": list(SIZE),
+        "runs": [dataclasses.asdict(r) for r in results],
+    }
+    if args.json_path:
+        with open(args.json_path, "w") as f:
+            json.dump(report, f, indent=1)
+    print_report(report)
+    return 0
+
+
+def print_report(report: dict[str, Any]) -> None:
+    print(
+        f"\nbench app: {report['model']} ({report['device']}), {report['tabs']} tab(s) x "
+        f"{report['new_tokens']} new tokens, {report['sampling']}, headless "
+        f"{report['size'][0]}x{report['size'][1]}"
+    )
+    print(
+        f"{'run':<10}{'tok/s':>9}{'x engine':>10}{'gap p50 ms':>12}{'gap p99 ms':>12}"
+        f"{'gap max ms':>12}{'tok/arrival':>13}{'TTFT ms':>9}"
+    )
+    for r in report["runs"]:
+        ratio = f"{r['x_engine']:.2f}x" if r["x_engine"] is not None else ""
+        print(
+            f"{r['run']:<10}{r['tok_s']:>9.1f}{ratio:>10}{r['gap_p50_ms']:>12.2f}"
+            f"{r['gap_p99_ms']:>12.2f}{r['gap_max_ms']:>12.1f}{r['tokens_per_arrival']:>13.2f}"
+            f"{r['ttft_p50_ms']:>9.1f}"
+        )
+    short = [r["run"] for r in report["runs"] if r["tokens"] != r["tokens_requested"]]
+    if short:
+        print(f"  (fewer tokens than requested in: {', '.join(short)})")
