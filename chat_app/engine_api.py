@@ -8,7 +8,7 @@ nothing in the app reaches past them (no kernels, no KV layout, no scheduler).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from gpu.outputs import EngineStats, RequestOutput
 from gpu.sampling_params import SamplingParams
@@ -61,6 +61,21 @@ class EngineThread(Protocol):
     def stats(self) -> EngineStats: ...
 
     def shutdown(self, timeout: float = 5.0) -> None: ...
+
+
+@runtime_checkable
+class ChatRequests(Protocol):
+    """An engine thread that takes the conversation itself: a remote server
+    (chat_app/remote_engine.py) applies its own chat template and context limit, so the app
+    sends it the messages instead of token ids."""
+
+    def add_chat_request(
+        self,
+        messages: list[dict[str, str]],
+        params: SamplingParams,
+        on_output: OutputCallback,
+        request_id: str | None = None,
+    ) -> str: ...
 
 
 EngineFactory = Callable[[], EngineThread]

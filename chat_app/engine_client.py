@@ -14,7 +14,7 @@ from typing import Protocol
 
 from chat_app.bridge import OutputBridge, StreamUpdate
 from chat_app.context_window import fit_chat
-from chat_app.engine_api import EngineThread, Tokenizer
+from chat_app.engine_api import ChatRequests, EngineThread, Tokenizer
 from gpu.outputs import EngineStats
 from gpu.sampling_params import SamplingParams
 
@@ -101,6 +101,8 @@ class EngineClient:
                 return "model failed to load"
             return f"loading model… {self.load_stage}" if self.load_stage else "loading model…"
         engine = self.thread.engine
+        if not engine.kv_capacity_tokens:  # a remote server: its model and endpoint
+            return f"{engine.model_name} · {engine.device}"
         return f"{engine.model_name} · {engine.device} · KV {engine.kv_capacity_tokens:,} tok"
 
     def stats(self) -> EngineStats | None:
@@ -120,6 +122,12 @@ class EngineClient:
             raise EngineUnavailable(self.load_error or "The model is still loading.")
         if self.stopped:
             raise EngineUnavailable("The engine stopped: restart it first.")
+        if isinstance(self.thread, ChatRequests):  # a remote server applies its template
+            request_id = self.thread.add_chat_request(
+                chat, params, self._bridge.on_output, request_id=f"{label}-{next(self._ids)}"
+            )
+            self._sinks[request_id] = sink
+            return ReplyStarted(request_id, 0)
         engine = self.thread.engine
         try:
             fitted = fit_chat(chat, lambda c: _encode(engine.tokenizer, c), engine.max_model_len)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 
-from chat_app.engine_api import EngineThread
+from chat_app.engine_api import EngineFactory, EngineThread
 from chat_app.session import ChatSettings
 
 _DEFAULTS = ChatSettings()
@@ -123,6 +123,17 @@ def engine_factory(
     return RealEngineThread(llm.llm_engine)
 
 
+def _remote_factory(args: argparse.Namespace, model: str | None) -> EngineFactory | None:
+    """`tinychat --connect URL`: the replies come from that server (chat_app/remote_engine.py)
+    and nothing loads here; --model names the server's model."""
+    url = getattr(args, "connect", None)
+    if not url:
+        return None
+    from chat_app.remote_engine import connect
+
+    return lambda: connect(url, getattr(args, "api_key", None), model)
+
+
 def _engine_log(home: Path) -> str:
     """A fresh log file for the engine core's output; the null device where the home is
     read-only (the app runs there too, without saving)."""
@@ -169,15 +180,19 @@ def run_app(args: argparse.Namespace) -> int:
         print(f"tinychat: error: {error}", file=sys.stderr)
         return 1
     log_path = _engine_log(history_path().parent)
+    remote = _remote_factory(args, model)
     app = TinyChatApp(
         # The loading line shows the build's progress (the factory runs once the app exists).
-        lambda: engine_factory(
-            model,
-            device,
-            max_model_len,
-            app.client.report_progress,
-            engine_process=engine_process,
-            log_path=log_path,
+        remote
+        or (
+            lambda: engine_factory(
+                model,
+                device,
+                max_model_len,
+                app.client.report_progress,
+                engine_process=engine_process,
+                log_path=log_path,
+            )
         ),
         store,
         defaults=defaults,

@@ -213,7 +213,7 @@ async def test_f1_lists_every_binding_with_its_id(tmp_path: Path) -> None:
         expected = {
             "send", "newline", "recall_last", "scroll_up", "scroll_down", "new_chat",
             "close_chat", "stop_reply", "regenerate", "reset_chat", "undo_reset", "settings",
-            "export", "copy_reply",
+            "export", "copy_reply", "restart_engine",
             "help", "next_tab", "previous_tab", "tab_1 … tab_9", "quit", "command_palette",
         }  # fmt: skip
         assert ids == expected
