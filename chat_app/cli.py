@@ -67,6 +67,12 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
         help="where the model runs (auto: cuda if an NVIDIA GPU is present)",
     )
     parser.add_argument("--max-model-len", type=int, default=None, help="context length cap")
+    parser.add_argument(
+        "--no-engine-process",
+        action="store_true",
+        help="run the engine in a thread of this process instead of an engine-core process of "
+        "its own (its step loop then shares this interpreter's GIL)",
+    )
 
 
 def _add_sampling_arguments(parser: argparse.ArgumentParser, max_tokens: int | None) -> None:
@@ -129,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
         add_bench_arguments = None
     if add_bench_arguments is not None:
         add_bench_arguments(bench)
+        from chat_app.bench_app import add_bench_app_arguments
+
+        add_bench_app_arguments(bench)  # `tinychat bench app`: the app's cost to the engine
     return parser
 
 
@@ -201,19 +210,36 @@ def sampling_params_from_args(args: argparse.Namespace, generation_config=None):
     )
 
 
-def cmd_generate(args: argparse.Namespace) -> int:
-    from gpu import EngineConfig, RequestOutputKind
-    from gpu.loader import create_engine
+def _generate_client(args: argparse.Namespace, progress: ProgressPrinter):
+    """The engine behind `tinychat generate`: an engine-core process (the default), or an
+    engine thread here with --no-engine-process; either way EngineThread's calls."""
+    from gpu import EngineConfig
 
+    config = EngineConfig(max_model_len=args.max_model_len, max_num_seqs=8)
+    if getattr(args, "no_engine_process", False):
+        from gpu.engine_thread import EngineThread
+        from gpu.loader import create_engine
+
+        return EngineThread(create_engine(args.model, args.device, config, progress=progress))
+    from gpu.engine_core import EngineCoreClient
+
+    return EngineCoreClient(args.model, args.device, config, progress=progress)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
     progress = ProgressPrinter()
     params = sampling_params_from_args(args)  # validate options before loading anything
-    engine = create_engine(
-        args.model,
-        args.device,
-        EngineConfig(max_model_len=args.max_model_len, max_num_seqs=8),
-        progress=progress,
-    )
+    client = _generate_client(args, progress)
     progress.finish()
+    client.start()
+    try:
+        return _generate(args, client, params)
+    finally:
+        client.shutdown()
+
+
+def _generate(args: argparse.Namespace, client, params) -> int:
+    engine = client.engine
     tok = engine.tokenizer
     if args.raw:
         prompt_ids = tok.encode(args.message, add_special_tokens=True)
@@ -223,29 +249,29 @@ def cmd_generate(args: argparse.Namespace) -> int:
             messages.append({"role": "system", "content": args.system})
         messages.append({"role": "user", "content": args.message})
         prompt_ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    params.output_kind = RequestOutputKind.DELTA
-    request_id = engine.add_request(prompt_ids, params)
+    stream = client.submit(prompt_ids, params)
     text_parts: list[str] = []
     output_ids: list[int] = []
     finish_reason = None
     first = last = None
     try:
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                delta = out.outputs[0]
-                now = time.monotonic()
-                if delta.token_ids:
-                    first = first or now
-                    last = now
-                output_ids += delta.token_ids
-                text_parts.append(delta.text)
-                if not args.json and delta.text:
-                    sys.stdout.write(delta.text)
-                    sys.stdout.flush()
-                if out.finished:
-                    finish_reason = delta.finish_reason
+        for out in stream:
+            delta = out.outputs[0]
+            now = time.monotonic()
+            if delta.token_ids:
+                first = first or now
+                last = now
+            output_ids += delta.token_ids
+            text_parts.append(delta.text)
+            if not args.json and delta.text:
+                sys.stdout.write(delta.text)
+                sys.stdout.flush()
+            if out.finished:
+                finish_reason = delta.finish_reason
+                if out.error:
+                    raise RuntimeError(out.error)
     except KeyboardInterrupt:
-        engine.abort_request(request_id)
+        client.abort(stream.request_id)
         raise
     tokens_per_s = (len(output_ids) - 1) / (last - first) if last and last > first else 0.0
     if args.json:
@@ -294,6 +320,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from gpu.bench import run_bench
 
     args.progress = ProgressPrinter()  # the engine build's bar (kernels compiling, ...)
+    if "app" in args.workloads:  # the real app against the engine alone (chat_app/bench_app.py)
+        from chat_app.bench_app import run_bench_app
+
+        return run_bench_app(args)
     return run_bench(args)
 
 
