@@ -10,7 +10,7 @@ and nothing else:
   divides a flat index by I (a signed 64-bit division is a ~70-instruction software routine on
   the GPU, and the first grid-stride version paid it on every element: 6.5 us at 64 rows of
   8192 on the H200, three times its 6 MB at the copy rate; the 2-D grid: 3.4 us, traced in the
-  same graph, seventh session);
+  same graph);
 * 8-byte loads and stores: a thread takes PER words of four bf16 (words w, w + threads, ...,
   coalesced), and issues all 2 * PER loads (gate and up) before the first use: one memory
   round trip a thread. That needs I % 4 == 0 (every Llama's intermediate size is a multiple

@@ -28,9 +28,9 @@ A row longer than ROW_IN_REGISTERS_MAX (16 x 1024 floats) takes the general kern
 strided loop over the row for the sum of squares, the same reduction, and a second strided
 sweep that re-reads the row (from L1/L2).
 
-Expected on the H200 (not yet measured on the device): ~2 us for a few rows of 2048 (was 5.5 us
-with the strided loops and a 10-barrier tree); at 4096 rows close to the copy rate (32 MB read
-and 16 MB written at hidden 2048: ~12-15 us).
+The bound it is shaped for, on the H200: ~2 us for a few rows of 2048, one load round trip and
+the reduction (strided loops and a 10-barrier tree took 5.5 us); at 4096 rows the copy rate
+(32 MB read and 16 MB written at hidden 2048: ~12-15 us).
 
 numpy twin: CpuBackend.rmsnorm (gpu/backends/cpu.py).
 """

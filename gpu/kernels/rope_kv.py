@@ -22,14 +22,14 @@ heads_per_block)), so j = threadIdx.x and head = blockIdx.y * heads_per_block + 
 At decode (1-8 tokens) this spreads a token over many blocks and SMs (Llama-3.2-1B: 48 heads,
 12 blocks of 128 threads a token), and each thread's work is one short chain: positions[t] and
 slot_mapping[t] (one broadcast load per warp) together with x1 and x2; then cos and sin; then
-the stores. The previous shape, one 128-thread block per token looping over ~1,300 pairs with
-64-bit divisions, was measured at 7.9 us at batch 1. At prefill (thousands of tokens) the same
+the stores (one 128-thread block per token, looping over ~1,300 pairs with 64-bit divisions,
+took 7.9 us at batch 1). At prefill (thousands of tokens) the same
 grid has tens of thousands of blocks, every warp reading and writing whole 128-byte runs (a
 head's half row of x1, of x2, of cos and of sin): a streaming kernel. Each thread owns its
 pair, so the in-place update needs no barrier.
 
-Expected on the H200 (not yet measured on the device): ~2 us at 1-8 tokens, two dependent
-memory round trips (positions, then the cos/sin row) and the launch.
+The bound it is shaped for, on the H200: ~2 us at 1-8 tokens, two dependent memory round trips
+(positions, then the cos/sin row) and the launch.
 
 numpy twin: CpuBackend.rope_kv_write (gpu/backends/cpu.py).
 """

@@ -10,12 +10,12 @@ max_blocks_per_seq columns. The block table is copied packed, [num_seqs, width] 
 width, and its row stride travels as a one-element device array: kernels read
 block_tables[b * stride[0] + j], so no launch depends on the width and a graph captured once
 stays valid when sequences grow. A step allocates nothing and synchronises once, at the end,
-to read the sampled ids. That is the shape issue 5 captures into CUDA graphs per batch-size
-bucket.
+to read the sampled ids. That is what lets graphs.py capture a step into a CUDA graph per
+batch-size bucket.
 
 Decode steps have their own, smaller staging, sized for max_num_seqs tokens: the copy moves the
-used prefix of the layout, and with the per-token fields sized for 8,192 tokens that prefix was
-~130 KB for one decode token (~20 KB now). Their copy also overlaps the step before: it goes to
+used prefix of the layout, ~20 KB for one decode token, where the per-token fields of the
+prefill staging (8,192 tokens) would make it ~130 KB. Their copy also overlaps the step before: it goes to
 a side buffer on a second stream, and the decode graph's first node copies it into place
 (OverlappedStaging, staging.py), because a copy queued between two graphs cost ~10 us of
 waiting whatever its size.

@@ -19,9 +19,9 @@ The ids come back with no copy on the stream (fetch_async): the sampler kernel s
 into `out` (device memory: the next step's embedding reads its fed-back tokens there) and into
 a ring of host buffers mapped into the device's address space (cuda.mapped_array), at the slot
 the step staged in `ring_slot`; an event after the kernel says they have landed. A copy
-engine's device-to-host copy between two graphs used to cost more than the copy itself: traced
-on the H200 (tests/device/trace_loop.py, tenth session) it started 5.5 us after the step's last
-kernel, and the next step's upload followed it 10 us later. Async scheduling launches step N+1
+engine's device-to-host copy between two graphs costs more than the copy itself: traced on the
+H200 (tests/device/trace_loop.py) it started 5.5 us after the step's last kernel, and the next
+step's upload followed it 10 us later. Async scheduling launches step N+1
 before reading step N's ids, so two slots alternate: N+1's stores never land on ids of N that
 are not read yet (at most two results are unread at a time).
 """

@@ -11,7 +11,7 @@ so the copy stops where it ends.
 
 OverlappedStaging (decode steps) moves the copy off the step's critical path. A host-to-device
 copy queued between two graphs delays the second by 10-12 us whatever its size (2 KB to 128 KB,
-`tests/device/bench_graph_gap.py` on the H200, eleventh session), while a device-to-device copy
+`tests/device/bench_graph_gap.py` on the H200), while a device-to-device copy
 that is the graph's own first node costs ~2 us. So the host's copy goes, on a second stream,
 into a side buffer while the step before is still running, and the step's graph begins by
 copying the side buffer into the fixed buffers its kernels read. Two events keep the side
