@@ -1,7 +1,7 @@
 """The engine client seen from asyncio: `generate` is one request's outputs as an async stream.
 
-The engine client (today `gpu.engine_thread.EngineThread`; the engine-core client satisfies the
-same contract, chat_app/engine_api.py) calls `on_output` on its own thread for every output of
+The engine client (the engine core's `EngineCoreClient`, or an in-process `EngineThread`: one
+contract, chat_app/engine_api.py) calls `on_output` on its own thread for every output of
 every request. Waking the event loop once per output would cost a self-pipe write each, 256 a
 step at 256 streams; instead the outputs go into one deque and the loop is woken once per batch
 (the app's OutputBridge does the same for the UI). The loop then hands each output to its
@@ -30,14 +30,23 @@ def build_engine_client(
     device: str,
     config: EngineConfig | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    *,
+    engine_process: bool = True,
 ) -> Any:
-    """Load the model and return its engine client (not started). The one place that picks
-    the client: the server is written against its contract, not a class."""
+    """Load the model and return its engine client (not started): the engine core in a
+    process of its own (gpu.engine_core), so the server's event loop never holds the GIL the
+    step loop needs; engine_process=False: an engine thread in this process (the baseline
+    `--no-engine-process` measures against). The one place that picks the client: the server
+    is written against its contract, not a class."""
+    config = config or EngineConfig()
+    if engine_process:
+        from gpu.engine_core import EngineCoreClient
+
+        return EngineCoreClient(model, device, config, progress=progress)
     from gpu.engine_thread import EngineThread
     from gpu.loader import create_engine
 
-    engine = create_engine(model, device, config or EngineConfig(), progress=progress)
-    return EngineThread(engine)
+    return EngineThread(create_engine(model, device, config, progress=progress))
 
 
 class AsyncEngine:
