@@ -179,6 +179,12 @@ class ChatPane(TabPane):
 
     # -- streaming --------------------------------------------------------------------------
 
+    async def on_show(self) -> None:
+        """The tab is shown: render what its replies held while it was hidden."""
+        for reply in self.log_view.query(AssistantReply):
+            reply.live = True
+            await reply.catch_up()
+
     async def on_stream_update(self, update: StreamUpdate) -> None:
         """An update for this pane's reply, merged per frame by the bridge."""
         if update.request_id != self._request_id:
@@ -189,6 +195,7 @@ class ChatPane(TabPane):
             self.last_metrics = update.metrics
         if update.text:
             self.session.extend_reply(update.text)
+            reply.live = self.display  # a hidden tab holds its text until it is shown
             await reply.append(update.text)
         if update.finished:
             reason = update.finish_reason or ("error" if update.error else "stop")

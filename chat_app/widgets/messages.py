@@ -34,8 +34,11 @@ class Notice(Static):
 class AssistantReply(Vertical):
     """A reply: Markdown that grows as tokens stream in, and a note on how it ended.
 
-    Updates can arrive before the widget has finished mounting (the engine is fast); they
-    wait in `_early` and are applied by `on_mount`.
+    Rendering is the UI's one real cost while tokens stream, so a reply renders only while it
+    can be seen: text that arrives before the widget is mounted, or while its tab is hidden
+    (`live` False), is held and rendered in one append when it can be seen again. Streamed text
+    goes through Textual's MarkdownStream, which appends to the document and re-parses only
+    its last block, so an update costs the same at the 10,000th token as at the first.
     """
 
     def __init__(self, message: ChatMessage) -> None:
@@ -43,12 +46,20 @@ class AssistantReply(Vertical):
         self.message = message
         self._stream: MarkdownStream | None = None
         self._ready = False
-        self._early: list[str] = []
-        self._early_finish: tuple[str, str | None] | None = None
+        self.live = True  # its tab is shown (ChatPane keeps this in step)
+        self._held: list[str] = []  # text not rendered yet
+        self._finished = message.finish_reason is not None
 
     def compose(self) -> ComposeResult:
+        # The message already holds every piece appended so far (the pane extends the
+        # session before it appends here), so the document starts from it, held text and all.
+        self._held.clear()
         yield Markdown(self.message.content or None)
         yield Static("", classes="ending", markup=False)
+
+    @property
+    def markdown(self) -> Markdown:
+        return self.query_one(Markdown)
 
     async def on_mount(self) -> None:
         self._ready = True
@@ -56,29 +67,40 @@ class AssistantReply(Vertical):
             self._set_ending("…", "waiting")
         else:
             self._show_ending(self.message.finish_reason, self.message.error)
-        if self._early:
-            await self.append("".join(self._early))
-        if self._early_finish is not None:
-            await self.finish(*self._early_finish)
+        await self.catch_up()
 
     async def append(self, text: str) -> None:
-        """Stream more Markdown in; the stream renders as fast as the screen allows."""
-        if not self._ready:
-            self._early.append(text)
+        """Stream more Markdown in (held while the reply cannot be seen)."""
+        if not text:
             return
-        if self._stream is None:
-            self._stream = Markdown.get_stream(self.query_one(Markdown))
-            self._set_ending("", None)
-        await self._stream.write(text)
+        self._held.append(text)
+        if self._ready and self.live:
+            await self._render_held()
+
+    async def catch_up(self) -> None:
+        """Render what was held while the reply could not be seen (its tab is shown again)."""
+        if self._ready and self.live and self._held:
+            await self._render_held()
 
     async def finish(self, finish_reason: str, error: str | None = None) -> None:
+        self._finished = True
         if not self._ready:
-            self._early_finish = (finish_reason, error)
-            return
+            return  # on_mount shows the message's ending
         if self._stream is not None:
-            await self._stream.stop()
+            await self._stream.stop()  # renders what it still holds (nothing while hidden)
             self._stream = None
         self._show_ending(finish_reason, error)
+
+    async def _render_held(self) -> None:
+        text = "".join(self._held)
+        self._held.clear()
+        if self._finished:  # the tab was hidden while the reply ended: one append
+            await self.markdown.append(text)
+            return
+        if self._stream is None:
+            self._stream = Markdown.get_stream(self.markdown)
+            self._set_ending("", None)
+        await self._stream.write(text)
 
     def _show_ending(self, finish_reason: str, error: str | None) -> None:
         if finish_reason == "error":
