@@ -30,7 +30,7 @@ from kernel_helpers import (
 )
 from numba import cuda
 
-from gpu.kernels import attention_decode
+from gpu.kernels import attention_decode, attention_decode_ffma
 from gpu.kernels.attention_decode import (
     MAX_SPLITS,
     busy_splits,
@@ -169,7 +169,7 @@ def test_decode_attention_gpu_code_path(
     seq_lens, num_heads, num_kv_heads, head_dim, block_size, num_splits
 ):
     """The warp-shuffle path that runs on the GPU, with the shuffles emulated in the simulator."""
-    with gpu_code_path(attention_decode):
+    with gpu_code_path(attention_decode, attention_decode_ffma):
         _run_decode(seq_lens, num_heads, num_kv_heads, head_dim, block_size, num_splits)
 
 
@@ -210,19 +210,6 @@ def test_choose_num_splits():
         assert counter_size(batch, 8, splits) == (0 if splits == 1 else batch * 8)
 
 
-def test_blocks_per_sm_environment(monkeypatch):
-    """TINYCHAT_DECODE_BLOCKS_PER_SM sets the launch bound (read at import): 4 by default."""
-    read = attention_decode._blocks_per_sm
-    monkeypatch.delenv(attention_decode.BLOCKS_PER_SM_ENV, raising=False)
-    assert read() == attention_decode.DEFAULT_BLOCKS_PER_SM == 4
-    monkeypatch.setenv(attention_decode.BLOCKS_PER_SM_ENV, "2")
-    assert read() == 2
-    for bad in ("0", "-1", "two", "17"):
-        monkeypatch.setenv(attention_decode.BLOCKS_PER_SM_ENV, bad)
-        with pytest.raises(ValueError, match="TINYCHAT_DECODE_BLOCKS_PER_SM"):
-            read()
-
-
 @pytest.mark.parametrize(
     "seq_lens, num_heads, num_kv_heads, block_size, num_splits",
     [
@@ -235,7 +222,7 @@ def test_decode_attention_tensor_cores(seq_lens, num_heads, num_kv_heads, block_
     """The tensor-core walk (mma.py: the instruction's simulator twin here, the instruction on
     the GPU) against the numpy twin, head_dim 64, with the shuffles of the GPU path, at the
     FFMA walk's tolerance: q and P go in as two bf16 each (hi + lo)."""
-    with gpu_code_path(attention_decode):
+    with gpu_code_path(attention_decode, attention_decode_ffma):
         _run_decode(
             seq_lens, num_heads, num_kv_heads, 64, block_size, num_splits, tensor_cores=True
         )
@@ -254,7 +241,7 @@ def test_decode_attention_warp_heads(seq_lens, num_heads, num_kv_heads, block_si
     time and writes the head's output from its registers, no merge; a sequence over the limit
     walks 4 warps a head in the same launch. (The simulator's block is one warp, so there each
     block is one head; on the GPU a block takes 4 and the others exit.)"""
-    with gpu_code_path(attention_decode):
+    with gpu_code_path(attention_decode, attention_decode_ffma):
         _run_decode(
             seq_lens, num_heads, num_kv_heads, 64, block_size, 1, tensor_cores=True,
             warp_heads_ctx=warp_heads_ctx,

@@ -26,6 +26,7 @@ MODULES = [
     "gpu.kernels.rope_kv",
     "gpu.kernels.attention_decode",
     "gpu.kernels.attention_prefill",
+    "gpu.kernels.attention_prefill_split",
     "gpu.kernels.activation",
     "gpu.kernels.sampling",
     "gpu.kernels.argmax",

@@ -66,10 +66,9 @@ def test_engine_steps_match_the_cpu_backend(gqa, budget, prompts):
     _compare_steps(config, prompts, block_size=4, budget=budget, max_tokens=3)
 
 
-def test_engine_steps_with_the_tensor_core_decode(monkeypatch):
+def test_engine_steps_with_the_tensor_core_decode():
     """head_dim 64 and GQA 4 (Llama-3.2-1B's attention shape), the decode attention on its
     tensor-core walk (in the simulator: mma.py's twin, and the GPU path's shuffles)."""
-    monkeypatch.setattr(attention_decode, "TENSOR_CORES", True)
     config = tiny_config(
         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=1, head_dim=64,
         hidden_size=64, intermediate_size=64, vocab_size=96,

@@ -23,13 +23,8 @@ from kernel_helpers import (
     synced,
 )
 
-from gpu.kernels.attention_prefill import (
-    SHARED_BYTES,
-    Tiles,
-    choose_tiles,
-    prefill_attention,
-    split_sizes,
-)
+from gpu.kernels.attention_prefill import Tiles, choose_tiles, prefill_attention, split_sizes
+from gpu.kernels.attention_prefill_tiles import SHARED_BYTES
 from gpu.kernels.bf16 import from_bf16_bits
 
 

@@ -13,8 +13,13 @@ gpu/sampling/numpy_sampler.py for the sampler).
     rmsnorm.py           rmsnorm, for prefill steps, gemv_mma.py and the composed path
                          (one-token steps fuse the norm into gemv.py's prologue)
     rope_kv.py           rotate-half RoPE fused with the paged KV-cache write
-    attention_decode.py  paged decode attention: thread group per token, shuffles, split-KV
+    attention_decode.py  paged decode attention: the kernel and its launcher, which run
+        _ffma.py         the plain walk: a thread group per token, online softmax per slot
+        _tc.py           the tensor-core walk, and a warp per head at large batches
+        _split.py        split-KV: the context in chunks, merged by the last block done
     attention_prefill.py paged causal attention for prefill chunks and mixed batches
+        _tiles.py        its tile configurations
+        _split.py        split-KV for short chunks over long histories, and the merge
     activation.py        silu(gate) * up
     sampling.py          greedy / temperature / top-k / top-p / min-p / penalties / bans
     argmax.py            the all-greedy fast path: two-stage argmax over vocabulary chunks

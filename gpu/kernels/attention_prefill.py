@@ -9,86 +9,52 @@ prefix is already in the cache, and rope_kv has just written this chunk's K and 
 Query j attends to context positions 0..p0 + j. A sequence with 0 rows has nothing to do; one
 with 1 row is a decode row riding in a prefill step.
 
-History. The first version (issue 4) gave each thread fixed (row, dimension) accumulators and
-did every step of the softmax with a block-wide barrier and a serial loop per row: 14 ms for a
-1,024-token chunk over a 3,024-token context at Llama-3.2-1B shapes on the H200, about
-1.5 TFLOP/s of the ~60 the chip does in fp32. Each score was a 64-long dot product read out of
-shared memory by one thread (two shared loads per FMA), and six barriers cut every 16-token tile.
-
-The design now (a GEMM-shaped kernel, flash-attention v2 without tensor cores):
+The design (a GEMM-shaped kernel, flash-attention v2 without tensor cores):
 
 * One thread block per (query tile, KV head, sequence). A query tile is BQ consecutive query
   tokens times the `group` query heads that share the KV head (GQA): ROWS = BQ * group query
   rows (rounded up to the tile; the spare rows idle). Llama-3.2-1B: 16 tokens x 4 heads = 64.
+  The tile shapes are in attention_prefill_tiles.py.
 * The block walks the context in KV tiles of BK tokens, only up to its last query's position:
   tiles beyond the diagonal are never touched, and only the tiles that cross it pay for the
   mask. Each KV tile is gathered through the block table into shared memory, converted from
-  bf16 once, four values per 64-bit load (the caches are read through a uint64 view). All of
-  a tile's loads are issued before any is used (positions past the end are clamped to the
-  last key, so none is conditional), and the block table is read one tile ahead.
+  bf16 once, four values per 64-bit load (the caches are read through a uint64 view).
+* The gather: a thread owns one 8-byte word index of evenly spaced rows (128 registers, no
+  spill; per-word indexing took 168), clamps positions past the last key instead of branching,
+  issues all of a tile's loads at once and reads the block table a tile ahead (a chat's new
+  turn, 48 rows over 530 cached tokens: 108 -> 73 us a layer on the H200).
 * Threads form a NTY x NTX grid (NTX = BK / TN lanes of a warp share rows). Thread (ty, tx)
   owns TM rows (ty + i * NTY) and, of each KV tile, TN keys (tx + j * NTX): it computes a TM x TN
   register tile of S = Q K^T out of shared memory, reading 4 dimensions of each of its rows and
-  keys with one 128-bit load: (TM + TN) / 4 loads per TM * TN FMAs, where the old kernel did 2
-  per FMA. The row max of a tile is a 3-step xor shuffle among the NTX lanes of the row; the row
-  sum is kept per thread and reduced once, at the very end.
+  keys with one 128-bit load: (TM + TN) / 4 loads per TM * TN FMAs. The row max of a tile is a
+  3-step xor shuffle among the NTX lanes of the row; the row sum is kept per thread and reduced
+  once, at the very end.
 * Online softmax per row (running max m, sum l): P = exp(S - m_new) goes to shared memory, and
   the same thread owns the same TM rows of O = P V in registers (TM x HD/NTX of them), so the
   rescale by exp(m_old - m_new) needs no barrier: two barriers per KV tile in all.
-* Everything that shapes the loops (head_dim, group, block size, the tile sizes) is a constant
-  of a specialised kernel (`_build`, a closure per configuration), so the register tiles are
-  local arrays indexed only by unrolled constants: registers, not local memory.
+* Every loop bound is a constant of a specialised kernel (`_build`, a closure per shape and
+  tile configuration), so the register tiles are registers, not local memory.
 * Two specialisations over the same grid of sequences: a "narrow" one (ROWS = 16, BQ =
-  16 / group: 4 tokens at Llama-3.2-1B shapes) for the sequences with at most NARROW_TOKENS
-  rows this step, and the "wide" one for the others; a block of the wrong kind exits at once.
-  Decode rows would waste 15 of every 16 query slots of a wide tile. Short chunks over a long
-  history (a chat's new turn: ~50 rows over ~500 cached tokens) would get few wide blocks (3
-  query tiles x 8 KV heads = 24 blocks for 132 SMs), each walking the whole history serially;
-  narrow tiles give 4x the blocks, each doing a quarter of the work per key. Long chunks keep
-  the wide tiles, which read each K/V tile once per 16 query tokens instead of 4.
+  16 / group: 4 tokens at Llama-3.2-1B shapes) for the sequences with at most NARROW_TOKENS =
+  128 rows this step, and the "wide" one for the others; a block of the wrong kind exits at
+  once. Short chunks over a long history would get few wide blocks (3 query tiles x 8 KV heads
+  = 24 blocks for 132 SMs), each walking the whole history serially; narrow tiles give 4x the
+  blocks, each doing a quarter of the work per key (the 48-row turn 73 -> 49 us a layer, a
+  128-row one 79 -> 69), and their launch may split each tile's keys (split-KV,
+  attention_prefill_split.py). Long chunks keep the wide tiles, which read each K/V tile once
+  per 16 query tokens instead of 4.
 * Heaviest first: the last query tiles of a sequence see the most context, so blockIdx.x counts
   tiles from the end and the long blocks start in the first wave.
 
-The expected rate at Llama-3.2-1B shapes (head_dim 64, wide tiles ROWS 64, BK 32, TM = TN = 4,
-128 threads; ptxas for sm_90: 128 registers, no local memory, 44.5 KB of shared memory, so 4
-blocks = 16 warps per SM): per warp and KV tile, S = Q K^T is 16 steps of (8 128-bit shared
-loads + 64 FMAs) and O += P V is 8 steps of (12 loads + 128 FMAs): 2,048 FMAs against 224 loads,
-so shared memory no longer bounds it (an SM issues 4 FMA warp-instructions a clock, and about
-one shared-load wavefront; the lanes that share an address get it by broadcast). The FMAs alone
-would take 512 clocks per SM, the full 60 TFLOP/s; the ~600 other instructions per warp and tile
-(address arithmetic, exps and the mask, the gather, shuffles) and two barriers share the issue
-slots, so the ceiling is ~40 TFLOP/s and we expect 20-30: about 1 ms for the 1,024 x 3,024
-chunk (21 GFLOP) that took 14 ms. tests/device/bench_prefill.py measures it, and the other tile
-shapes (TM = 8 halves the loads again at the cost of registers).
+At Llama-3.2-1B shapes (wide tiles, 4 blocks an SM: BLOCKS_PER_SM) a warp does 2,048 FMAs per
+KV tile against 224 shared loads, so shared memory does not bound it; ~600 other instructions
+and two barriers share the issue slots. Measured on the H200 (tests/device/bench_prefill.py):
+a 1,024-token chunk over a 3,024-token context in 0.86 ms (24.5 TFLOP/s of the ~60 the chip does
+in fp32), 2,048 x 2,048 causal in 0.82 ms.
 
-Measured on the H200 (issue 5): 1.09 ms for that chunk, 19.3 TFLOP/s (13x the first version);
-2,048 x 2,048 causal 16.5 TFLOP/s; a mixed batch of 4 x 256 new tokens + 60 decode rows 0.44 ms.
-Of the swept shapes the default (64, 32, 4, 4) was fastest; TM = 8 was 9% slower.
-
-The gather (fifth session). A chat's new turn, 48 rows over a 530-token history, took 108 us a
-layer (85 narrow): each KV tile cost ~9 us, for 16 KB of K and V. The gather was a loop of
-4-byte loads, each behind its own block-table load and followed by shared stores, so a
-thread's loads went out one round trip at a time. Now a thread owns one 8-byte word index of
-evenly spaced rows (2 loop-invariant values, not 2 per word: ptxas fits 128 registers with no
-spill, where per-word indexing took 168), clamps positions instead of branching, issues all of
-its loads at once, and reads the block table a tile ahead. launch_bounds holds BLOCKS_PER_SM =
-4 blocks of 128 threads on an SM. Measured on the H200 (tests/device/bench_prefill.py): the
-1,024 x 3,024 chunk 1.09 -> 0.86 ms (24.5 TFLOP/s), 2,048 x 2,048 1.05 -> 0.82, the 48-row turn
-0.108 -> 0.073 ms (0.049 narrow). Pipelining the gather (the next tile's loads issued before
-this tile's arithmetic, held in registers) measured slower: 0.93 ms for the 1,024 x 3,024 chunk,
-0.110 for 512 x 512 (`bench_prefill_pipelined.json`); removed, in history at 9c4e706.
-
-Short chunks over long histories (fifth session): narrow tiles up to NARROW_TOKENS = 128 rows
-(the 48-row turn 0.073 -> 0.049 ms, the 128-row turn 0.079 -> 0.069), and split-KV in the
-narrow launch (SPLITS = 4 chunks of whole KV tiles per query tile; partials (o, m, l) merged by
-merge_kernel over the same grid; a tile whose keys fit one split writes its output itself):
-chat ITL p99 2.37 -> 2.22 ms with 8 sessions, TTFT p99 5.7 -> 5.3 ms.
-
-The grid's query-tile count, cdiv(max_query_len, BQ), is a host value of the step: prefill runs
-eagerly (or one graph per token bucket). Decode-only steps use attention_decode.
-
-The CUDA simulator has no warp shuffles: there (launch.SIMULATOR) the row reductions go through
-a small shared array with barriers, and the tiles are smaller (launch.threads: one warp).
+The grid's query-tile count, cdiv(max_query_len, BQ), is a host value of the step (one graph
+per token bucket). In the CUDA simulator (no warp shuffles) the row reductions go through a
+small shared array with barriers, and the tiles are smaller (one warp).
 
 numpy twin: CpuBackend.attention (gpu/backends/cpu.py).
 """
@@ -96,116 +62,34 @@ numpy twin: CpuBackend.attention (gpu/backends/cpu.py).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from functools import cache
 
 import numpy as np
 from numba import cuda, float32, int32, uint64
 
 from gpu.kernels import launch
+from gpu.kernels.attention_prefill_split import (
+    SPLITS,
+    merge_kernel,
+    split_range_function,
+    split_sizes,
+)
+from gpu.kernels.attention_prefill_tiles import Tiles, choose_tiles
 from gpu.kernels.bf16 import bf16_of_word, f32_to_bf16
-from gpu.kernels.launch import SIMULATOR, cdiv, device_function, env_choice, threads
+from gpu.kernels.launch import SIMULATOR, cdiv, device_function, threads
 from gpu.kernels.pdl import grid_dependency_sync
 
 NEG_INF = float32(-math.inf)
 # Sequences with at most this many query rows in a step take the narrow tiles (at least the
-# narrow kernel's BQ do, whatever the setting); $TINYCHAT_PREFILL_NARROW_TOKENS overrides it.
-NARROW_TOKENS_ENV = "TINYCHAT_PREFILL_NARROW_TOKENS"
-NARROW_TOKENS = env_choice(NARROW_TOKENS_ENV, 128, range(0, 1 << 20))
-# launch_bounds: blocks an SM must fit, 4 = 128 registers a thread ($TINYCHAT_PREFILL_BLOCKS_PER_SM)
-BLOCKS_PER_SM = env_choice("TINYCHAT_PREFILL_BLOCKS_PER_SM", 4, range(1, 17))
+# narrow kernel's BQ do, whatever the setting).
+NARROW_TOKENS = 128
+# launch_bounds: blocks an SM must fit, 4 = 128 registers a thread
+BLOCKS_PER_SM = 4
 # The narrow launch covers cdiv(NARROW_TOKENS, BQ) query tiles of every sequence, most of them
 # empty (they exit at once); past this many blocks (a step of many sequences) it falls back to
 # the decode-row width.
 MAX_NARROW_BLOCKS = 4096
-# Split-KV for the narrow launch (short chunks over a long history: a chat's new turn gets
-# cdiv(48, 4) x 8 = 96 blocks of a 530-key walk each for 132 SMs): each query tile's keys in
-# SPLITS chunks, merged by a second launch ($TINYCHAT_PREFILL_SPLITS, 1: off). The caller
-# provides the partials' scratch (split_sizes), which bounds the rows of a split launch.
-SPLITS = env_choice("TINYCHAT_PREFILL_SPLITS", 4, range(1, 17))
-SHARED_BYTES = 48 * 1024  # static shared memory per block
 FULL_MASK = 0xFFFFFFFF
-
-
-@dataclass(frozen=True)
-class Tiles:
-    """A tile configuration: ROWS query rows (token, head) and BK keys per block, each thread a
-    TM x TN tile of scores."""
-
-    rows: int
-    bk: int
-    tm: int
-    tn: int
-
-    @property
-    def nty(self) -> int:
-        return self.rows // self.tm
-
-    @property
-    def ntx(self) -> int:
-        return self.bk // self.tn
-
-    @property
-    def threads(self) -> int:
-        return self.nty * self.ntx
-
-    def query_tokens(self, group: int) -> int:
-        """BQ: the query tokens of a block."""
-        return self.rows // group
-
-    def shared_bytes(self, head_dim: int, simulator: bool = SIMULATOR) -> int:
-        floats = (self.rows + self.bk) * (head_dim + 4) + self.bk * head_dim
-        floats += self.rows * (self.bk + max(self.ntx, 4))
-        if simulator:
-            floats += self.rows * self.ntx  # the reduction scratch
-        return 4 * floats
-
-    def fits(self, head_dim: int, group: int, simulator: bool = SIMULATOR) -> bool:
-        ntx = self.ntx
-        return (
-            self.rows % self.tm == 0
-            and self.bk % self.tn == 0
-            and ntx & (ntx - 1) == 0
-            and ntx <= 32
-            and head_dim % (4 * ntx) == 0
-            and self.threads % (head_dim // 4) == 0  # the gather: whole rows per pass
-            and self.bk % 4 == 0
-            and self.query_tokens(group) >= 1
-            and (simulator or self.threads % 32 == 0)
-            and self.threads <= 1024
-            and self.shared_bytes(head_dim, simulator) <= SHARED_BYTES
-        )
-
-
-# Candidates, best first; choose_tiles takes the first that fits the shape.
-WIDE_GPU = (
-    Tiles(64, 32, 4, 4),
-    Tiles(32, 16, 2, 2),
-    Tiles(64, 16, 4, 2),
-    Tiles(128, 16, 8, 2),
-    Tiles(64, 16, 2, 4),
-)  # last: 4 lanes a row, for head_dim 16 (tests' tiny models)
-NARROW_GPU = (
-    Tiles(16, 64, 2, 4),
-    Tiles(16, 32, 2, 2),
-    Tiles(32, 16, 2, 2),
-    Tiles(64, 16, 4, 2),
-    Tiles(32, 16, 1, 4),
-)
-WIDE_SIM = (Tiles(16, 8, 2, 2), Tiles(32, 8, 4, 2), Tiles(64, 8, 8, 2))
-NARROW_SIM = (Tiles(8, 8, 1, 2), Tiles(16, 8, 2, 2), Tiles(32, 8, 4, 2), Tiles(64, 8, 8, 2))
-
-
-def choose_tiles(head_dim: int, group: int, simulator: bool = SIMULATOR) -> tuple[Tiles, Tiles]:
-    """(wide, narrow) tile configurations for the shape."""
-    wide_c, narrow_c = (WIDE_SIM, NARROW_SIM) if simulator else (WIDE_GPU, NARROW_GPU)
-    picked = []
-    for candidates in (wide_c, narrow_c):
-        fit = [t for t in candidates if t.fits(head_dim, group, simulator)]
-        if not fit:
-            raise ValueError(f"prefill attention: no tiles for head_dim {head_dim}, group {group}")
-        picked.append(fit[0])
-    return picked[0], picked[1]
 
 
 # --- row reductions among the NTX lanes that share a row -------------------------------------
@@ -257,22 +141,6 @@ else:
 # --- the kernel factory ----------------------------------------------------------------------
 
 
-def _split_range(bk: int, splits: int):
-    """The device function (ks, ke, busy) = split_range(kv_end, split): split `split` of the
-    keys [0, kv_end) of a query tile, cut in `splits` chunks of whole KV tiles (bk keys);
-    `busy` splits hold keys, the others are empty. The attention kernel and the merge share it."""
-
-    @device_function
-    def split_range(kv_end, split):
-        chunk = (kv_end + splits - 1) // splits
-        chunk = (chunk + bk - 1) // bk * bk
-        busy = (kv_end + chunk - 1) // chunk
-        ks = split * chunk
-        return ks, min(kv_end, ks + chunk), busy
-
-    return split_range
-
-
 def _build(
     head_dim: int,
     group: int,
@@ -314,7 +182,7 @@ def _build(
     # arithmetic with the build's constants (as in attention_decode.py: Numba's signed indexing
     # cost a negative-index wrap, floor division and run-time-stride products per load).
 
-    split_range = _split_range(bk, splits)
+    split_range = split_range_function(bk, splits)
 
     @device_function
     def lookup_blocks(block_tables, table, base, last, bt, tq):
@@ -526,9 +394,7 @@ def _build(
     kernel.__name__ += f"_split{splits}" if splits > 1 else ""
     if launch.SIMULATOR:  # (not `simulator`: the GPU's shapes are built there for tests)
         return cuda.jit(cache=True)(kernel)
-    # The on-disk cache key ignores launch bounds: cache the default build only.
-    bounds = (nthreads, BLOCKS_PER_SM)
-    return cuda.jit(cache=BLOCKS_PER_SM == 4, launch_bounds=bounds)(kernel)
+    return cuda.jit(cache=True, launch_bounds=(nthreads, BLOCKS_PER_SM))(kernel)
 
 
 @cache
@@ -536,62 +402,12 @@ def get_kernel(head_dim: int, group: int, block_size: int, tiles: Tiles, splits:
     return _build(head_dim, group, block_size, tiles, splits=splits)
 
 
-@cache
-def merge_kernel(head_dim: int, group: int, bq: int, bk: int, splits: int):
-    """The merge of a split launch: one block per (query tile, KV head, sequence), the grid of
-    the attention launch without its splits; a tile whose keys fit one split was written by
-    its block directly and is skipped. out = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s over
-    the busy splits in order (M = max m_s: finite, split 0 holds key 0 of every row)."""
-    split_range = _split_range(bk, splits)
-    nthreads = threads(128)
-
-    def kernel(query_start_loc, seq_lens, q_min, q_max, part_o, part_ml, out):
-        grid_dependency_sync()
-        kvh = cuda.blockIdx.y
-        b = cuda.blockIdx.z
-        q_start = query_start_loc[b]
-        q_len = query_start_loc[b + 1] - q_start
-        if q_len < q_min or q_len > q_max:
-            return
-        j0 = (cuda.gridDim.x - 1 - cuda.blockIdx.x) * bq
-        if j0 >= q_len:
-            return
-        nq = min(bq, q_len - j0)
-        busy = split_range(seq_lens[b] - q_len + j0 + nq, 0)[2]
-        if busy == 1:
-            return
-        num_heads = out.shape[1] // head_dim
-        for e in range(cuda.threadIdx.x, nq * group * head_dim, nthreads):
-            r = e // head_dim
-            d = e - r * head_dim
-            j = r // group
-            token = q_start + j0 + j
-            head = kvh * group + r - j * group
-            base = (token * num_heads + head) * splits
-            top = NEG_INF
-            for k in range(splits):
-                if k < busy:
-                    top = max(top, part_ml[2 * (base + k)])
-            num = float32(0.0)
-            den = float32(0.0)
-            for k in range(splits):
-                if k < busy:
-                    w = math.exp(part_ml[2 * (base + k)] - top)
-                    num += w * part_o[(base + k) * head_dim + d]
-                    den += w * part_ml[2 * (base + k) + 1]
-            out[token, head * head_dim + d] = f32_to_bf16(num / den)
-
-    kernel.__name__ = f"prefill_merge_hd{head_dim}_g{group}_q{bq}_s{splits}"
-    return cuda.jit(cache=True)(kernel)
-
-
 # Representative specialisations, for tests/test_kernels_compile.py (sm_90, no GPU):
 # Llama-3.2-1B (head_dim 64, group 4), wide and narrow, and SmolLM2-135M (group 3).
 _LLAMA_WIDE, _LLAMA_NARROW = choose_tiles(64, 4, simulator=False)
 prefill_attention_kernel = _build(64, 4, 16, _LLAMA_WIDE, simulator=False)
 prefill_attention_narrow_kernel = _build(64, 4, 16, _LLAMA_NARROW, simulator=False)
-prefill_attention_narrow_split_kernel = _build(64, 4, 16, _LLAMA_NARROW, False, splits=4)
-prefill_merge_kernel = merge_kernel(64, 4, _LLAMA_NARROW.query_tokens(4), _LLAMA_NARROW.bk, 4)
+prefill_attention_narrow_split_kernel = _build(64, 4, 16, _LLAMA_NARROW, False, splits=SPLITS)
 prefill_attention_group3_kernel = _build(64, 3, 16, choose_tiles(64, 3, False)[0], False)
 # The tests' tiny models: head_dim 16, block size 4 (4 lanes a row).
 prefill_attention_hd16_kernel = _build(16, 2, 4, choose_tiles(16, 2, False)[0], False)
@@ -600,14 +416,10 @@ _SIG = (
     "void(float32[:, ::1], uint64[::1], uint64[::1], int32[::1], int32[::1], int32[::1],"
     " int32[::1], float32, int64, int64, int64, uint16[:, ::1], float32[::1], float32[::1])"
 )
-_MERGE_SIG = (
-    "void(int32[::1], int32[::1], int64, int64, float32[::1], float32[::1], uint16[:, ::1])"
-)
 SIGNATURES = {
     "prefill_attention_kernel": [_SIG],
     "prefill_attention_narrow_kernel": [_SIG],
     "prefill_attention_narrow_split_kernel": [_SIG],
-    "prefill_merge_kernel": [_MERGE_SIG],
     "prefill_attention_group3_kernel": [_SIG],
     "prefill_attention_hd16_kernel": [_SIG],
     "prefill_attention_hd16_narrow_kernel": [_SIG],
@@ -689,10 +501,3 @@ def prefill_attention(
         merge[(tiles_x, nkv, num_seqs), threads(128), stream](
             query_start_loc, seq_lens, q_min, small, part_o, part_ml, out
         )
-
-
-def split_sizes(num_tokens: int, num_heads: int, head_dim: int, splits: int) -> tuple:
-    """Elements of the (o, (m, l)) scratch a split narrow launch over num_tokens rows needs."""
-    if splits == 1:
-        return 0, 0
-    return num_tokens * num_heads * splits * head_dim, num_tokens * num_heads * splits * 2

@@ -125,7 +125,7 @@ def attention_case(batch: int, ctx: int, k_pool, v_pool, k_host, v_host, num_sms
     result = {"batch": batch, "context": ctx, "splits": splits, "copies": len(tables)}
     result["warp_per_head"] = 0 < ctx <= warp_ctx
     result["busy_splits"] = attention_decode.busy_splits(ctx, splits, HD)
-    result["blocks_per_sm"] = attention_decode.BLOCKS_PER_SM  # $TINYCHAT_DECODE_BLOCKS_PER_SM
+    result["blocks_per_sm"] = attention_decode.BLOCKS_PER_SM
     result["counters_zero"] = bool((counters.copy_to_host() == 0).all())
     result["check"] = relative_errors(got[:n], want)
     result["check"]["ok"] = bool(
