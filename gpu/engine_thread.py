@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-import os
 import queue
 import sys
 import threading
@@ -98,8 +97,7 @@ class EngineThread:
         # switch interval (5 ms by default), so a client thread busy in Python could hold a
         # decode step back by up to 5 ms. A shorter interval bounds that wait.
         # The previous interval comes back when the last engine thread stops.
-        ms = float(os.environ.get("TINYCHAT_SWITCH_INTERVAL_MS", SWITCH_INTERVAL_MS))
-        _switch_interval.acquire(ms / 1e3)
+        _switch_interval.acquire(SWITCH_INTERVAL_MS / 1e3)
         try:
             self._thread.start()
         except BaseException:

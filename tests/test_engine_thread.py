@@ -120,7 +120,7 @@ def test_the_switch_interval_is_shortened_while_engines_run_and_then_given_back(
     runs, and the last to stop gives back the value it found."""
     import sys
 
-    monkeypatch.setenv("TINYCHAT_SWITCH_INTERVAL_MS", "2")
+    monkeypatch.setattr("gpu.engine_thread.SWITCH_INTERVAL_MS", 2.0)
     before = sys.getswitchinterval()
     sys.setswitchinterval(0.004)
     try:
