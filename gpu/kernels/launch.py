@@ -9,7 +9,6 @@ MAX_THREADS", so both run the same code.
 from __future__ import annotations
 
 import functools
-import os
 
 import numpy as np
 from numba import config, cuda
@@ -48,13 +47,3 @@ def no_ring(out) -> tuple:
     the ring's one row, and slot 0. The zero slot is made on the first such call, so a launch
     being captured into a graph must pass its own ring (the executor's always does)."""
     return out.reshape(1, out.shape[0]), _zero_slot()
-
-
-def env_choice(name: str, default: int, allowed: range | tuple[int, ...]) -> int:
-    """An integer build knob read from the environment: $name, one of `allowed`, or default.
-    Kernels read their knobs once, at import, so a device A/B (tests/device/ab.sh) runs one
-    process per setting."""
-    text = os.environ.get(name, "").strip() or str(default)
-    if not text.isdigit() or int(text) not in allowed:
-        raise ValueError(f"{name} must be one of {tuple(allowed)}, not {text!r}")
-    return int(text)
