@@ -19,6 +19,7 @@ import sys
 import threading
 
 PR_SET_PDEATHSIG = 1
+PARENT_GONE = b"tinychat engine core: its parent process is gone, exiting\n"
 
 
 def die_with_parent(parent_pid: int, kernel_signal: bool, death_fd: int) -> None:
@@ -35,6 +36,7 @@ def die_with_parent(parent_pid: int, kernel_signal: bool, death_fd: int) -> None
     def watch() -> None:
         while os.read(death_fd, 1):  # nothing is ever written: b"" is EOF, the parent is gone
             pass
+        os.write(2, PARENT_GONE)
         os._exit(1)
 
     threading.Thread(target=watch, name="tinychat-parent-watch", daemon=True).start()
