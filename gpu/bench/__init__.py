@@ -7,7 +7,8 @@
 Workloads: latency (batch-1 decode), decode (fixed batches), throughput (256 requests of
 random lengths, nano-vllm's workload), chat (sessions streaming through the engine thread,
 with the app's default sampling), startup (process start to a ready engine, cold and warm, in
-processes of their own), scheduler (the Python cost of a step with the model taken out).
+processes of their own), scheduler (the Python cost of a step with the model taken out), serve
+(N streaming HTTP clients of `tinychat serve` beside the engine client alone: gpu/bench/serve.py).
 Latency and decode run one row per --sampling setting (gpu/bench/sampling.py), each beside
 greedy. See BENCHMARKS.md.
 """
@@ -25,7 +26,7 @@ from typing import Any
 from gpu.bench.sampling import DEFAULT as DEFAULT_SAMPLING
 from gpu.bench.sampling import SETTINGS, add_ratios, parse_sampling
 
-WORKLOADS = ("latency", "decode", "throughput", "chat", "startup", "scheduler")
+WORKLOADS = ("latency", "decode", "throughput", "chat", "startup", "scheduler", "serve")
 DEFAULT_WORKLOADS = ["latency", "decode", "throughput", "chat"]
 
 
@@ -81,6 +82,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
         help="also run transformers on the same weights (needs torch)",
     )
     p.add_argument("--json", dest="json_path", default=None, help="write the results here")
+    from gpu.bench.serve import add_serve_arguments
+
+    add_serve_arguments(p)  # `tinychat bench serve`: HTTP clients beside the engine alone
     p.add_argument("--plot", default=None, help="tok/s against batch size (needs matplotlib)")
 
 
@@ -156,6 +160,10 @@ def run_bench(args: argparse.Namespace) -> int:
     if unknown:
         raise ValueError(f"unknown workload(s) {', '.join(sorted(unknown))}: use {WORKLOADS}")
     settings = parse_sampling(args.sampling)
+    if "serve" in chosen:  # its own run: an engine core, a server, clients (gpu/bench/serve.py)
+        from gpu.bench.serve import run_serve_bench
+
+        return run_serve_bench(args)
     if chosen == ["scheduler"]:
         from gpu.bench.scheduler_overhead import main as scheduler_main
 

@@ -8,7 +8,7 @@
 # Writes under $OUT: speed.log, bench_*.json and the microbenchmarks' JSON; prints the bench
 # tables last, each part's seconds after it. Each part has its own time limit.
 # Knobs: MICRO (which microbenchmarks; MICRO=none for none), WORKLOADS, REQUESTS, COMPARE,
-# SAMPLING (default all; e.g. greedy,chat), SKIP_TESTS, SKIP_EAGER, SKIP_SMOL, SKIP_STARTUP,
+# SAMPLING (default all; e.g. greedy,chat), SKIP_TESTS, SKIP_EAGER, SKIP_SMOL, SKIP_STARTUP, SKIP_SERVE,
 # BASELINE=1 (also latency + decode with the serial engine, --no-async-scheduling), T_* limits.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -85,6 +85,21 @@ took() { echo "   ($(( SECONDS - $1 )) s)"; }
     timeout "${T_LLAMA:-330}" $BENCH $decode --config llama-3.2-1b --capture-at-start \
       --sampling "$SAMPLING" --num-requests "${REQUESTS:-256}" ${COMPARE:+--compare $COMPARE} \
       --plot "$OUT/decode.png" --json "$OUT/bench_llama.json" 2>&1 | tail -52
+    took $t
+  fi
+  if [ -z "${SKIP_SERVE:-}" ]; then
+    # Issue 26: 64 streaming HTTP clients of `tinychat serve` beside the engine client alone
+    # (target: >= 0.9x its output tok/s), then 256 seeded streams each equal to its request
+    # run alone (no lost, duplicated or interleaved tokens). Needs the serve extra's wheels.
+    echo "== bench serve llama-3.2-1b: ${CLIENTS:-64} HTTP clients vs the engine alone"
+    t=$SECONDS
+    timeout "${T_SERVE:-240}" $BENCH serve --config llama-3.2-1b --clients "${CLIENTS:-64}" \
+      --new-tokens 256 --json "$OUT/bench_serve.json" 2>&1 | tail -6
+    took $t
+    echo "== bench serve --check llama-3.2-1b: 256 seeded streams vs each alone"
+    t=$SECONDS
+    timeout "${T_SERVE_CHECK:-240}" $BENCH serve --config llama-3.2-1b --clients 256 --check \
+      --new-tokens 32 --json "$OUT/bench_serve_check.json" 2>&1 | tail -6
     took $t
   fi
 } 2>&1 | tee "$OUT/speed.log"

@@ -1,0 +1,316 @@
+"""`tinychat bench serve`: N concurrent streaming clients through HTTP, beside the engine alone.
+
+    tinychat bench serve --config llama-3.2-1b --device cuda --clients 64 --json F
+    tinychat bench serve --model M --clients 256 --check      # no lost or mixed-up tokens
+    tinychat bench serve --url http://host:8000/v1 --clients 64   # any running server
+
+One run, one engine core: first the requests go to the engine client directly (the engine
+alone), then the same requests go through `tinychat serve`'s app (uvicorn in a thread of this
+process, as `tinychat serve` runs it) from N clients in a process of their own
+(serve_clients.py), like `vllm bench serve`. Each reports time to first token, the gap between
+tokens (p50/p99) and output tok/s; the HTTP row's ratio to the engine's is the server's cost.
+Requests are greedy completions of random token ids (fixed prompt and output lengths,
+ignore_eos), so both paths produce the same tokens.
+
+--check: every client samples (temperature 0.8, top-p 0.95) with a seed of its own; each
+stream's text must equal the same seeded request run alone through the engine. A lost,
+duplicated or interleaved token changes the text. The exit status is 1 if any differs.
+
+--config writes the preset's random bf16 weights as a model folder (the engine core loads a
+folder), with a tokenizer whose every id decodes to a short ASCII word, so that every token
+is text on the wire.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+CHECK_TEMPERATURE, CHECK_TOP_P = 0.8, 0.95
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--clients", type=int, default=64, help="serve: concurrent streams")
+    p.add_argument("--url", default=None, help="serve: bench this running server instead")
+    p.add_argument("--api-key", default=None, help="serve: the --url server's key")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="serve: seeded streams, each compared with the same request run alone",
+    )
+
+
+def run_serve_bench(args: argparse.Namespace) -> int:
+    if args.url:
+        spec = _spec(args.url, args.api_key, _requests(args, None, check=args.check))
+        http = _summary(_run_clients(spec), args.new_tokens)
+        print_serve({"model": args.url, "clients": args.clients, "http": http})
+        return 0
+    with tempfile.TemporaryDirectory(prefix="tinychat-bench-serve-") as tmp:
+        folder = _model_folder(args, Path(tmp))
+        client = _engine_client(args, folder)
+        try:
+            results = _bench(args, client)
+        finally:
+            client.shutdown()
+    results["model"] = args.config or args.model or "default"
+    if args.json_path:
+        with open(args.json_path, "w") as f:
+            json.dump(results, f, indent=1)
+    print_serve(results)
+    return 0 if not results.get("check") or results["check"]["mismatched"] == 0 else 1
+
+
+def _bench(args: argparse.Namespace, client: Any) -> dict[str, Any]:
+    from gpu.entrypoints.openai.api_server import ServerThread, build_app
+
+    engine = client.engine
+    vocab = engine.vocab_size
+    results: dict[str, Any] = {"device": engine.device, "clients": args.clients}
+    _engine_run(client, _requests(args, vocab, check=False)[:1])  # warm-up
+    requests = _requests(args, vocab, check=False)
+    results["engine"] = _summary(_engine_run(client, requests), args.new_tokens)
+    server = ServerThread(build_app(client)).start()
+    try:
+        http = _run_clients(_spec(server.url, None, requests))
+        results["http"] = _summary(http, args.new_tokens)
+        results["http_vs_engine"] = results["http"]["output_tok_s"] / max(
+            results["engine"]["output_tok_s"], 1e-9
+        )
+        if args.check:
+            checked = _requests(args, vocab, check=True)
+            streamed = _run_clients(_spec(server.url, None, checked))["results"]
+            alone = [_engine_run(client, [r])["results"][0] for r in checked]
+            results["check"] = _compare(streamed, alone)
+    finally:
+        server.stop()
+    return results
+
+
+# -- requests --------------------------------------------------------------------------------
+
+
+def _requests(args: argparse.Namespace, vocab: int | None, check: bool) -> list[dict[str, Any]]:
+    """The /v1/completions bodies: random token-id prompts (text where the vocabulary is not
+    known, against --url), fixed lengths; greedy, or seeded sampling for --check."""
+    rng = np.random.default_rng(0)
+    bodies = []
+    for i in range(args.clients):
+        if vocab is None:
+            prompt: Any = " ".join(f"w{int(x)}" for x in rng.integers(0, 1000, args.prompt_len))
+        else:
+            prompt = [int(x) for x in rng.integers(min(1000, vocab // 2), vocab, args.prompt_len)]
+        body: dict[str, Any] = {
+            "prompt": prompt,
+            "max_tokens": args.new_tokens,
+            "ignore_eos": True,
+            "temperature": 0.0,
+        }
+        if check:
+            body.update(temperature=CHECK_TEMPERATURE, top_p=CHECK_TOP_P, seed=i)
+        bodies.append(body)
+    return bodies
+
+
+def _spec(url: str, api_key: str | None, requests: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"url": url, "api_key": api_key, "requests": requests}
+
+
+def _params(body: dict[str, Any]):
+    from gpu.sampling_params import RequestOutputKind, SamplingParams
+
+    return SamplingParams(
+        temperature=body["temperature"],
+        top_p=body.get("top_p", 1.0),
+        seed=body.get("seed"),
+        max_tokens=body["max_tokens"],
+        ignore_eos=True,
+        output_kind=RequestOutputKind.DELTA,
+    )
+
+
+# -- the two paths ---------------------------------------------------------------------------
+
+
+def _engine_run(client: Any, requests: list[dict[str, Any]]) -> dict[str, Any]:
+    """The requests through the engine client directly, all at once; the same record as a
+    client's (times of the outputs that brought text, the text, the token count)."""
+    done = threading.Event()
+    records = [
+        {"start": 0.0, "times": [], "text": "", "completion_tokens": 0, "error": None}
+        for _ in requests
+    ]
+    left = [len(requests)]
+    lock = threading.Lock()
+    t0 = time.perf_counter()
+
+    def callback(record: dict[str, Any]):
+        def on_output(out) -> None:
+            completion = out.outputs[0]
+            if completion.text:
+                record["times"].append(time.perf_counter() - t0)
+                record["text"] += completion.text
+            record["completion_tokens"] += len(completion.token_ids)
+            if out.finished:
+                record["error"] = out.error
+                with lock:
+                    left[0] -= 1
+                    if left[0] == 0:
+                        done.set()
+
+        return on_output
+
+    for body, record in zip(requests, records, strict=True):
+        client.add_request(body["prompt"], _params(body), callback(record))
+    done.wait()
+    return {"wall_s": time.perf_counter() - t0, "results": records}
+
+
+def _run_clients(spec: dict[str, Any]) -> dict[str, Any]:
+    """serve_clients.py in a process of its own."""
+    with tempfile.TemporaryDirectory(prefix="tinychat-clients-") as tmp:
+        spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "out.json"
+        spec_path.write_text(json.dumps(spec))
+        root = str(Path(__file__).resolve().parents[2])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get(
+            "PYTHONPATH")]))}  # fmt: skip
+        subprocess.run(
+            [sys.executable, "-m", "gpu.bench.serve_clients", str(spec_path), str(out_path)],
+            check=True,
+            env=env,
+        )
+        return json.loads(out_path.read_text())
+
+
+# -- figures ---------------------------------------------------------------------------------
+
+
+def _summary(run: dict[str, Any], new_tokens: int) -> dict[str, Any]:
+    records = run["results"]
+    errors = [r["error"] for r in records if r["error"]]
+    ttft = [r["times"][0] - r["start"] for r in records if r["times"]]
+    gaps = [b - a for r in records for a, b in zip(r["times"], r["times"][1:], strict=False)]
+    tokens = sum(r["completion_tokens"] for r in records)
+    ends = [r["times"][-1] for r in records if r["times"]]
+    span = max(ends) if ends else run["wall_s"]
+    return {
+        "requests": len(records),
+        "errors": len(errors),
+        "first_error": errors[0] if errors else None,
+        "output_tokens": tokens,
+        "expected_tokens": len(records) * new_tokens,
+        "output_tok_s": tokens / span if span > 0 else 0.0,
+        "ttft_p50_ms": _pct(ttft, 50),
+        "ttft_p99_ms": _pct(ttft, 99),
+        "itl_p50_ms": _pct(gaps, 50),
+        "itl_p99_ms": _pct(gaps, 99),
+        "wall_s": run["wall_s"],
+    }
+
+
+def _pct(values: list[float], q: float) -> float:
+    return 1e3 * float(np.percentile(values, q)) if values else float("nan")
+
+
+def _compare(streamed: list[dict[str, Any]], alone: list[dict[str, Any]]) -> dict[str, Any]:
+    bad = [
+        i
+        for i, (s, a) in enumerate(zip(streamed, alone, strict=True))
+        if s["error"]
+        or not s["text"]
+        or s["text"] != a["text"]
+        or s["completion_tokens"] != a["completion_tokens"]
+    ]
+    return {"streams": len(streamed), "mismatched": len(bad), "mismatched_ids": bad[:20]}
+
+
+def print_serve(r: dict[str, Any]) -> None:
+    out = sys.stdout
+    out.write(f"\nbench serve: {r['model']}, {r['clients']} concurrent streaming clients\n")
+    out.write(f"{'path':<22}{'tok/s':>9}{'TTFT p50':>10}{'p99':>9}{'ITL p50':>9}{'p99':>8}"
+              f"{'tokens':>9}{'errors':>7}\n")  # fmt: skip
+    for name, key in (("engine client alone", "engine"), ("HTTP (tinychat serve)", "http")):
+        x = r.get(key)
+        if x is None:
+            continue
+        out.write(
+            f"{name:<22}{x['output_tok_s']:>9.0f}{x['ttft_p50_ms']:>10.1f}{x['ttft_p99_ms']:>9.1f}"
+            f"{x['itl_p50_ms']:>9.2f}{x['itl_p99_ms']:>8.2f}{x['output_tokens']:>9}"
+            f"{x['errors']:>7}\n"
+        )
+    if "http_vs_engine" in r:
+        out.write(f"HTTP / engine alone: {r['http_vs_engine']:.2f}x output tok/s\n")
+    if "check" in r:
+        c = r["check"]
+        verdict = "all equal" if c["mismatched"] == 0 else f"{c['mismatched']} DIFFER"
+        out.write(
+            f"check: {c['streams']} seeded streams vs the same requests alone: {verdict}"
+            + (f" (ids {c['mismatched_ids']})" if c["mismatched"] else "")
+            + "\n"
+        )
+    out.flush()
+
+
+# -- the engine ------------------------------------------------------------------------------
+
+
+def _engine_client(args: argparse.Namespace, folder: str | None):
+    from gpu.config import EngineConfig
+    from gpu.entrypoints.openai.async_engine import build_engine_client
+
+    config = EngineConfig(
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        enforce_eager=args.enforce_eager,
+    )
+    progress = getattr(args, "progress", None)
+    client = build_engine_client(folder, args.device, config, progress=progress)
+    if hasattr(progress, "finish"):
+        progress.finish()
+    client.start()
+    return client
+
+
+def _model_folder(args: argparse.Namespace, tmp: Path) -> str | None:
+    """--model as given; --config: the preset's random weights written under `tmp`."""
+    if args.config is None:
+        return args.model
+    from gpu.presets import preset_config
+    from weights import write_random_model
+
+    overrides = {"num_hidden_layers": args.layers} if args.layers else {}
+    config = preset_config(args.config, **overrides)
+    folder = write_random_model(tmp / args.config, config, seed=0)
+    word_tokenizer(config.vocab_size).save(str(folder / "tokenizer.json"))
+    # No special tokens in words; the end of a sequence is the config's eos id (ignore_eos).
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": None}))
+    return str(folder)
+
+
+def word_tokenizer(vocab_size: int):
+    """A tokenizer whose every id below vocab_size decodes to a word of its own (three ASCII
+    letters and digits), so random weights stream text whatever id they pick."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+    words = {}
+    for i in range(vocab_size):
+        a, rest = divmod(i, len(alphabet) ** 2)
+        b, c = divmod(rest, len(alphabet))
+        words[f"{alphabet[a % len(alphabet)]}{alphabet[b]}{alphabet[c]}{a // len(alphabet)}"] = i
+    tok = Tokenizer(models.WordLevel(vocab=words, unk_token="aaa0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
+    return tok

@@ -1,0 +1,92 @@
+"""The load generator of `tinychat bench serve`: N concurrent streaming clients over HTTP.
+
+    python -m gpu.bench.serve_clients spec.json results.json
+
+spec.json: {"url": ".../v1", "api_key": null, "requests": [<a /v1/completions body>, ...]}.
+Every request starts at once (each its own connection, as N users would), streams with
+`include_usage`, and records when each text chunk arrived. The results hold, per request, the
+time to the first chunk, the chunks' arrival times, the text and the server's usage.
+
+It runs in a process of its own so that its own Python (parsing N streams of events) never
+competes with the server's event loop for a GIL, as real clients on other machines would not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from typing import Any
+
+import httpx
+
+
+async def _one(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> dict[str, Any]:
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    start = time.perf_counter()
+    times: list[float] = []
+    parts: list[str] = []
+    usage: dict[str, Any] = {}
+    error = None
+    try:
+        async with client.stream("POST", url + "/completions", json=body) as response:
+            if response.status_code != 200:
+                await response.aread()
+                error = f"{response.status_code}: {response.text[:200]}"
+            else:
+                async for line in response.aiter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    data = line[6:]
+                    if data == "[DONE]":
+                        break
+                    event = json.loads(data)
+                    if "error" in event:
+                        error = str(event["error"])
+                        break
+                    choices = event.get("choices") or []
+                    text = choices[0].get("text") if choices else ""
+                    if text:
+                        times.append(time.perf_counter())
+                        parts.append(text)
+                    if event.get("usage"):
+                        usage = event["usage"]
+    except httpx.HTTPError as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    return {
+        "start": start,
+        "times": times,
+        "text": "".join(parts),
+        "completion_tokens": usage.get("completion_tokens", 0),
+        "prompt_tokens": usage.get("prompt_tokens", 0),
+        "error": error,
+    }
+
+
+async def run_clients(spec: dict[str, Any]) -> dict[str, Any]:
+    requests = spec["requests"]
+    headers = {"Authorization": f"Bearer {spec['api_key']}"} if spec.get("api_key") else {}
+    limits = httpx.Limits(max_connections=len(requests) + 8, max_keepalive_connections=0)
+    async with httpx.AsyncClient(headers=headers, limits=limits, timeout=None) as client:
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*(_one(client, spec["url"], r) for r in requests))
+        t1 = time.perf_counter()
+    for r in results:  # times relative to the start of the run
+        r["start"] -= t0
+        r["times"] = [t - t0 for t in r["times"]]
+    return {"wall_s": t1 - t0, "results": results}
+
+
+def main(argv: list[str] | None = None) -> int:
+    spec_path, out_path = (argv or sys.argv[1:])[:2]
+    with open(spec_path) as f:
+        spec = json.load(f)
+    results = asyncio.run(run_clients(spec))
+    with open(out_path, "w") as f:
+        json.dump(results, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
