@@ -12,19 +12,26 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
-from textual.app import App
+from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.message import Message
+from textual.screen import Screen
 
 from chat_app.bridge import DEFAULT_FPS, OutputBridge, OutputsReady
 from chat_app.chat_screen import ChatScreen
 from chat_app.engine_api import EngineFactory, EngineThread
 from chat_app.engine_client import EngineClient
+from chat_app.help_screen import HelpScreen
 from chat_app.history import HistoryStore
+from chat_app.paths import screenshots_path
 from chat_app.session import ChatSession, ChatSettings
+from chat_app.settings_screen import SettingsScreen
+from chat_app.widgets.chat_input import ChatInput
+from chat_app.widgets.chat_pane import ChatPane
 
 __all__ = ["TinyChatApp"]
 
@@ -53,8 +60,9 @@ class TinyChatApp(App[int]):
     BINDINGS = [
         Binding("ctrl+q", "quit", "Quit", id="quit", priority=True,
                 tooltip="Quit (stops every reply; the chats are saved)"),
+        # show=False: the footer docks the palette's key on its right by itself.
         Binding("ctrl+p", "command_palette", "Commands", id="command_palette", priority=True,
-                tooltip="Search every command"),
+                show=False, tooltip="Search every command"),
     ]  # fmt: skip
 
     def __init__(
@@ -68,6 +76,7 @@ class TinyChatApp(App[int]):
         keymap: dict[str, str] | None = None,
         notices: list[str] | None = None,
         export_dir: Path | None = None,
+        screenshot_dir: Path | None = None,
         stats_interval: float = 0.5,
         fps: float = DEFAULT_FPS,
     ) -> None:
@@ -80,9 +89,16 @@ class TinyChatApp(App[int]):
         self._resume = resume
         self._notices = list(notices or [])
         self._export_dir = export_dir
+        self._screenshot_dir = screenshot_dir
         self._stats_interval = stats_interval
         self.bridge = OutputBridge(self, fps=fps)
         self.client = EngineClient(self.bridge)
+
+    @classmethod
+    def binding_ids(cls) -> set[str]:
+        """The id of every shortcut the app has: what a keymap may name."""
+        owners = (ChatInput, ChatPane, ChatScreen, HelpScreen, SettingsScreen, cls)
+        return {b.id for owner in owners for b in owner.BINDINGS if isinstance(b, Binding) and b.id}
 
     # -- start-up ---------------------------------------------------------------------------
 
@@ -131,8 +147,8 @@ class TinyChatApp(App[int]):
     def on_mount(self) -> None:
         if self.keymap:
             self.set_keymap(self.keymap)
-        for notice in self._notices:
-            self.notify(notice, severity="warning", timeout=15)
+        for notice in self._notices:  # paths and errors: no markup, "[...]" is text
+            self.notify(notice, severity="warning", timeout=15, markup=False)
         if self._engine_factory is None:
             self.client.fail("no engine configured")
         else:
@@ -174,7 +190,9 @@ class TinyChatApp(App[int]):
 
     async def on_engine_failed(self, message: EngineFailed) -> None:
         self.client.fail(message.error)
-        self.notify(f"The model failed to load: {message.error}", severity="error", timeout=30)
+        self.notify(
+            f"The model failed to load: {message.error}", severity="error", timeout=30, markup=False
+        )
         await self.chat_screen.engine_failed(message.error)
 
     # -- streaming --------------------------------------------------------------------------
@@ -189,8 +207,41 @@ class TinyChatApp(App[int]):
             await self._deliver()
 
     async def _deliver(self) -> None:
+        rereading = self.client.num_rereading
         for sink, update in self.client.take_updates():
             await sink.on_stream_update(update)
+        if self.client.num_rereading != rereading:  # a first token ended "re-reading the chat"
+            self.chat_screen.refresh_status()
+
+    # -- the command palette's system commands ----------------------------------------------
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        """Textual's own commands, with Screenshot saving into the tinychat home (Textual's
+        saves into a Downloads folder, which a server or a container often lacks)."""
+        for command in super().get_system_commands(screen):
+            if command.title == "Screenshot":
+                folder = self._screenshot_dir or screenshots_path()
+                yield SystemCommand(
+                    "Screenshot",
+                    f"Save the screen as an SVG file in {folder}",
+                    # After a moment: the palette closes first, and is not in the picture.
+                    lambda: self.set_timer(0.1, self.save_screen),
+                )
+            else:
+                yield command
+
+    def save_screen(self) -> Path | None:
+        """Save an SVG of the screen and toast its whole path; None (and a toast) if it
+        could not be written."""
+        folder = self._screenshot_dir or screenshots_path()
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            path = Path(self.save_screenshot(path=str(folder))).resolve()
+        except OSError as error:
+            self.notify(f"The screenshot failed: {error}", severity="error", markup=False)
+            return None
+        self.notify(f"Screen saved to {path}", title="Screenshot", markup=False)
+        return path
 
     # -- quitting ---------------------------------------------------------------------------
 

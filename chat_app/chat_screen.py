@@ -186,7 +186,8 @@ class ChatScreen(Screen[None]):
             status.show_model(self._client.describe(), failed=self._client.load_error is not None)
         status.show_engine(self._client.stats(), sample=sample)
         if self.tabs.active_pane is not None:
-            status.show_tab(self.active_pane.last_metrics)
+            pane = self.active_pane
+            status.show_tab(pane.last_metrics, rereading=self._client.rereading(pane))
 
     async def engine_ready(self) -> None:
         if not self._tabs_ready:
@@ -284,9 +285,9 @@ class ChatScreen(Screen[None]):
         try:
             path = pane.export(self._export_dir or exports_path(), model)
         except OSError as error:
-            self.notify(f"Export failed: {error}", severity="error")
+            self.notify(f"Export failed: {error}", severity="error", markup=False)
             return
-        self.notify(f"Chat exported to {path}", title="Exported")
+        self.notify(f"Chat exported to {path}", title="Exported", markup=False)
 
     def action_copy_reply(self) -> None:
         text = self.active_pane.session.last_reply()

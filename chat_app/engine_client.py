@@ -8,6 +8,7 @@ template, queues the request, and later gives each sink the updates of its own r
 from __future__ import annotations
 
 import itertools
+import weakref
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Protocol
@@ -49,6 +50,12 @@ class EngineClient:
         self.load_stage = ""  # what the engine's build is doing now, for the loading line
         self._sinks: dict[str, ReplySink] = {}
         self._ids = itertools.count(1)
+        # A chat's first reply from this engine (after a restart, say) prefills its whole
+        # history again, which takes seconds on a CPU: request id -> prompt tokens, until the
+        # first token arrives, so the status bar can say so. Sinks that had a first token are
+        # warm: the engine's prefix cache holds their chat.
+        self._rereading: dict[str, int] = {}
+        self._warm: weakref.WeakSet[ReplySink] = weakref.WeakSet()
 
     # -- life cycle -------------------------------------------------------------------------
 
@@ -90,6 +97,7 @@ class EngineClient:
     def shutdown(self, timeout: float = 5.0) -> None:
         """Abort every reply and stop the engine thread (idempotent)."""
         self._sinks.clear()
+        self._rereading.clear()
         thread, self.thread = self.thread, None
         if thread is not None:
             thread.shutdown(timeout)
@@ -138,13 +146,28 @@ class EngineClient:
             fitted.prompt_ids, params, self._bridge.on_output, request_id=request_id
         )
         self._sinks[request_id] = sink
+        if sink not in self._warm and any(m["role"] == "assistant" for m in chat):
+            self._rereading[request_id] = len(fitted.prompt_ids)
         return ReplyStarted(request_id, fitted.dropped_turns)
 
     def stop_reply(self, request_id: str) -> None:
         """Abort a reply; whatever the engine still sends for it is dropped."""
         self._sinks.pop(request_id, None)
+        self._rereading.pop(request_id, None)
         if self.thread is not None:
             self.thread.abort(request_id)
+
+    def rereading(self, sink: ReplySink) -> int | None:
+        """The prompt tokens the engine is reading again for `sink`'s reply (a chat's first
+        reply from this engine, before its first token), or None."""
+        for request_id, tokens in self._rereading.items():
+            if self._sinks.get(request_id) is sink:
+                return tokens
+        return None
+
+    @property
+    def num_rereading(self) -> int:
+        return len(self._rereading)
 
     def take_updates(self) -> list[tuple[ReplySink, StreamUpdate]]:
         """The bridge's pending updates, each paired with the sink that asked for it."""
@@ -153,6 +176,10 @@ class EngineClient:
             sink = self._sinks.get(update.request_id)
             if sink is None:
                 continue  # stopped, reset or closed: the UI has already moved on
+            if update.num_tokens or update.finished:
+                self._rereading.pop(update.request_id, None)
+            if update.num_tokens:
+                self._warm.add(sink)
             if update.finished:
                 del self._sinks[update.request_id]
             routed.append((sink, update))

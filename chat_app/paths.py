@@ -21,3 +21,8 @@ def keymap_path() -> Path:
 def exports_path() -> Path:
     """Where Ctrl+E writes chats as Markdown: the home, never the folder the app started in."""
     return tinychat_home() / "exports"
+
+
+def screenshots_path() -> Path:
+    """Where the command palette's Screenshot writes SVG files of the screen."""
+    return tinychat_home() / "screenshots"

@@ -90,9 +90,11 @@ class ChatSession:
         self.settings = settings
         self.id = session_id
         self._store = store
-        self._title = title
         self._messages: list[ChatMessage] = list(messages or [])
+        # A chat with no messages (one reset before the last quit) is titled by its next one.
+        self._title = title if self._messages else ""
         self._undo: list[ChatMessage] | None = None  # what the last reset removed
+        self._undo_title = ""
         self._clock = clock
         self._last_save = 0.0
 
@@ -158,8 +160,10 @@ class ChatSession:
                 self._store.purge_reset(self.id)
         message = ChatMessage("user", text, finish_reason="stop")
         self._messages.append(message)
-        if not self._title:
+        if not self._title:  # a new chat, or the first message after a reset
             self._title = _title_from(text)
+            if self._store is not None and self.id is not None:
+                self._store.update_session(self.id, title=self._title)
         self._save_new(message)
         return message
 
@@ -211,11 +215,12 @@ class ChatSession:
         return message
 
     def reset(self) -> bool:
-        """Clear the conversation, keeping it aside so that `undo_reset` can bring it back."""
+        """Clear the conversation, keeping it aside so that `undo_reset` can bring it back.
+        The title goes with it: the next message names the chat again."""
         if not self._messages:
             return False
-        self._undo = self._messages
-        self._messages = []
+        self._undo, self._undo_title = self._messages, self._title
+        self._messages, self._title = [], ""
         if self._store is not None and self.id is not None:
             self._store.mark_reset(self.id)
         return True
@@ -224,6 +229,7 @@ class ChatSession:
         if self._undo is None:
             return False
         self._messages = self._undo + self._messages
+        self._title = self._undo_title
         self._undo = None
         if self._store is not None and self.id is not None:
             self._store.unmark_reset(self.id)

@@ -39,7 +39,7 @@ def test_every_option_reaches_the_settings() -> None:
 def test_invalid_settings_stop_before_the_ui_opens(capsys) -> None:
     with pytest.raises(ValueError, match="temperature"):
         settings_from_args(parse("--temperature", "-1"))
-    assert run_app(parse("--top-p", "0")) == 2
+    assert run_app(parse("--top-p", "0")) == 1  # a bad option value: status 1 (README)
     assert "tinychat: error: top_p must be in (0, 1], got 0.0" in capsys.readouterr().err
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rich.table import Table
 from textual.command import CommandPalette
+from textual.widgets import Static
 
 from chat_app.commands import ChatCommands
 from chat_app.help_screen import HelpScreen
@@ -217,8 +219,8 @@ async def test_f1_lists_every_binding_with_its_id(tmp_path: Path) -> None:
             "help", "next_tab", "previous_tab", "tab_1 … tab_9", "quit", "command_palette",
         }  # fmt: skip
         assert ids == expected
-        table = app.screen.query_one("DataTable")
-        assert table.row_count == len(rows)
+        table = app.screen.query_one("#help-table", Static).content
+        assert isinstance(table, Table) and table.row_count == len(rows)
         assert ("^n", "Open a new chat tab", "new_chat") in rows
         await pilot.press("escape")
         assert app.screen is app.chat_screen

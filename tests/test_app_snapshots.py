@@ -11,6 +11,10 @@ from pathlib import Path
 import pytest
 from textual.widgets import TextArea
 
+from chat_app.app import TinyChatApp
+from chat_app.history import HistoryStore
+from chat_app.keymap import load_keymap
+from chat_app.session import ChatSession, ChatSettings
 from chat_app.testing import FakeEngine, fake_app, open_tab, paste_text, wait_until
 
 SIZE = (100, 30)
@@ -86,7 +90,9 @@ def test_two_tabs_one_streaming_in_the_background(tmp_path: Path, snap_compare) 
     assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
 
 
-def test_help_screen(tmp_path: Path, snap_compare) -> None:
+@pytest.mark.parametrize("size", [(160, 50), (80, 24)], ids=["160x50", "80x24"])
+def test_help_screen(tmp_path: Path, snap_compare, size: tuple[int, int]) -> None:
+    """Every row whole: the "Does" column wraps (at 160 columns a DataTable cut the last id)."""
     app, _ = snapshot_app(tmp_path)
 
     async def run_before(pilot) -> None:
@@ -94,7 +100,58 @@ def test_help_screen(tmp_path: Path, snap_compare) -> None:
         await settle(pilot)
         await pilot.press("f1")
 
-    assert snap_compare(app, terminal_size=(100, 34), run_before=run_before)
+    assert snap_compare(app, terminal_size=size, run_before=run_before)
+
+
+def test_80_columns_reset_with_a_keymap_notice(tmp_path: Path, snap_compare) -> None:
+    """The status bar's fields whole at 80 columns, the tab renamed by Ctrl+R, and two toasts
+    at the top right, clear of the message box (the keymap's one notice names the bad
+    entries)."""
+    keymap = tmp_path / "keymap.json"
+    keymap.write_text('{"new_chat": "ctrl+t", "close_chat": 5, "new_tab": "f9"}')
+    good, notice = load_keymap(keymap, TinyChatApp.binding_ids())
+    notice = notice.replace(str(tmp_path), "/home/you/.cache/tinychat")
+    app, engine = snapshot_app(tmp_path, keymap=good, notices=[notice])
+
+    async def run_before(pilot) -> None:
+        await wait_until(pilot, lambda: app.client.ready, "the engine")
+        pane = app.chat_screen.active_pane
+        await ask(pilot, "Tell me about tokens")
+        engine.allow_steps(200)
+        await wait_until(pilot, lambda: not pane.replying and pane.session.messages, "reply")
+        await pilot.press("ctrl+r")
+        await wait_until(pilot, lambda: not pane.session.messages, "the reset")
+        await settle(pilot)
+
+    assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)
+
+
+def test_160_columns_a_restored_chat_re_reading(tmp_path: Path, snap_compare) -> None:
+    """After a restart, the first reply in a long chat waits while its history is read again:
+    the status bar says so until the first token (the engine is held here)."""
+    store = HistoryStore.open(tmp_path / "history.db")
+    session = ChatSession(ChatSettings(), store)
+    session.add_user("What does prefix caching do?")
+    session.begin_reply()
+    session.extend_reply(MARKDOWN_REPLY)
+    session.finish_reply("stop")
+    store.set_open_tabs([session.id])
+    store.close()
+    notice = (
+        "The chat history at /home/you/.cache/tinychat/history.db could not be read (file is "
+        "not a database); it was moved to /home/you/.cache/tinychat/history.db.corrupt-"
+        "20261206-150000 and a new history was started."
+    )
+    app, _ = snapshot_app(tmp_path, notices=[notice])
+
+    async def run_before(pilot) -> None:
+        await wait_until(pilot, lambda: app.client.ready, "the engine")
+        await ask(pilot, "And without it?")
+        pane = app.chat_screen.active_pane
+        await wait_until(pilot, lambda: app.client.rereading(pane) is not None, "the request")
+        await settle(pilot)
+
+    assert snap_compare(app, terminal_size=(160, 50), run_before=run_before)
 
 
 def test_settings_screen_refusing_an_invalid_value(tmp_path: Path, snap_compare) -> None:
