@@ -16,6 +16,8 @@ The app runs headless (Textual's `run_test` at 160x50): the same widgets, layout
 as on a terminal, only the final write to the terminal is skipped. The last tab opened is the
 one shown, as when a user watches one tab while the others stream. The core runs go first:
 their process has the device to itself, then exits before this process builds its engine.
+With --config and a core run, the random weights are written to a folder once (the core loads
+a model by path), and every run loads that folder: the same weights, the same sampling work.
 
 Each run reports the tokens received over the wall time from queuing the first request to the
 last token received (tok/s), and the gaps between arrivals of new tokens at each tab's sink,
@@ -64,8 +66,8 @@ def add_bench_app_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--runs",
         default=None,
-        help=f"comma-separated, of {', '.join(RUNS)} (default: every one that is available; "
-        "the core runs need --model, not --config)",
+        help=f"comma-separated, of {', '.join(RUNS)} (default: all; with --config and a core "
+        "run, the random weights are written to a folder once, which every run loads)",
     )
 
 
@@ -316,11 +318,6 @@ def add_ratios(results: list[RunResult]) -> None:
 
 def core_client(args: argparse.Namespace) -> EngineThread:
     """An engine-core client (it spawns the core, which loads the model the arguments name)."""
-    if args.config is not None:
-        raise ValueError(
-            "the engine core loads a model by name: the core runs need --model (or the "
-            "default model), not --config's random weights"
-        )
     from gpu.engine_core import EngineCoreClient
 
     progress = getattr(args, "progress", None)  # the command line's bar
@@ -345,6 +342,24 @@ def _engine_config(args: argparse.Namespace):
     return config
 
 
+def random_model_folder(config_name: str, layers: int | None) -> Path:
+    """--config's random weights as a model folder, written once and reused: the engine core
+    loads a model by path, and every run (in-process too) must run the same weights, since
+    how flat the logits are sets how much work top-p does."""
+    from gpu.presets import preset_config
+    from weights.random_model import write_random_model
+
+    overrides = {"num_hidden_layers": layers} if layers else {}
+    name = f"tinychat-bench-{config_name}" + (f"-{layers}-layers" if layers else "")
+    folder = Path(tempfile.gettempdir()) / name
+    done = folder / ".complete"
+    if not done.exists():
+        print(f"writing {config_name}'s random weights to {folder} (once)...", flush=True)
+        write_random_model(folder, preset_config(config_name, **overrides), seed=0)
+        done.touch()
+    return folder
+
+
 def _core_available() -> bool:
     try:
         import gpu.engine_core  # noqa: F401
@@ -360,27 +375,44 @@ def choose_runs(args: argparse.Namespace) -> list[str]:
         if unknown:
             raise ValueError(f"unknown run(s) {', '.join(sorted(unknown))}: use {', '.join(RUNS)}")
         return [r for r in RUNS if r in runs]
-    with_core = _core_available() and args.config is None
+    with_core = _core_available()
     return [r for r in RUNS if with_core or r not in ("core", "app-core")]
 
 
-def run_bench_app(args: argparse.Namespace) -> int:
-    """`tinychat bench app`: the runs, a table, and --json."""
+def build_engine(args: argparse.Namespace) -> tuple[Any, str]:
+    """The in-process engine the arguments describe, as `tinychat bench` builds it (a model,
+    or a --config of random weights), and its label."""
     from gpu.bench import _build
+
+    engine, _, label, _ = _build(args)
+    return engine, label
+
+
+def run_bench_app(
+    args: argparse.Namespace,
+    build: Callable[[argparse.Namespace], tuple[Any, str]] = build_engine,
+) -> int:
+    """`tinychat bench app`: the runs, a table, and --json."""
     from gpu.sampling_presets import CHAT_DEFAULTS
 
     if args.tabs < 1:
         raise ValueError("--tabs must be at least 1")
     runs = choose_runs(args)
     results: list[RunResult] = []
+    label = None
+    if args.config is not None and {"core", "app-core"} & set(runs):
+        label = f"{args.config} (random bf16 weights)"
+        folder = random_model_folder(args.config, args.layers)
+        args = argparse.Namespace(**{**vars(args), "model": str(folder), "config": None})
     if {"core", "app-core"} & set(runs):
         client = core_client(args)
         results += bench_engine(client, args.tabs, args.new_tokens, runs, ("core", "app-core"))
-    engine = label = None
+    engine = None
     if {"engine", "app"} & set(runs):
         from gpu.engine_thread import EngineThread
 
-        engine, _, label, _ = _build(args)
+        engine, built = build(args)
+        label = label or built
         thread = EngineThread(engine)
         results += bench_engine(thread, args.tabs, args.new_tokens, runs, ("engine", "app"))
     add_ratios(results)

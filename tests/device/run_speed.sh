@@ -9,7 +9,9 @@
 # tables last, each part's seconds after it. Each part has its own time limit.
 # Knobs: MICRO (which microbenchmarks; MICRO=none for none), WORKLOADS, REQUESTS, COMPARE,
 # SAMPLING (default all; e.g. greedy,chat), SKIP_TESTS, SKIP_EAGER, SKIP_SMOL, SKIP_STARTUP, SKIP_SERVE,
-# BASELINE=1 (also latency + decode with the serial engine, --no-async-scheduling), T_* limits.
+# BASELINE=1 (also latency + decode with the serial engine, --no-async-scheduling), T_* limits,
+# SKIP_APP, APP_TABS (default "1 8": `bench app`, the real app headless against the engine
+# alone and through the engine core; bench_app_<tabs>.json).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/tinychat-device-out}
@@ -101,5 +103,16 @@ took() { echo "   ($(( SECONDS - $1 )) s)"; }
     timeout "${T_SERVE_CHECK:-240}" $BENCH serve --config llama-3.2-1b --clients 256 --check \
       --new-tokens 32 --json "$OUT/bench_serve_check.json" 2>&1 | tail -6
     took $t
+  fi
+  # Issue 23: the app's cost to the engine. The first run writes the random weights to a
+  # folder (~2.5 GB, once) that the engine core and this process both load.
+  if [ -z "${SKIP_APP:-}" ]; then
+    for tabs in ${APP_TABS:-1 8}; do
+      echo "== bench app llama-3.2-1b, $tabs tab(s), the app's sampling, 256 new tokens each"
+      t=$SECONDS
+      timeout "${T_APP:-240}" $BENCH app --config llama-3.2-1b --tabs "$tabs" --new-tokens 256 \
+        --json "$OUT/bench_app_$tabs.json" 2>&1 | tail -7
+      took $t
+    done
   fi
 } 2>&1 | tee "$OUT/speed.log"
