@@ -176,9 +176,9 @@ class EngineClient:
             sink = self._sinks.get(update.request_id)
             if sink is None:
                 continue  # stopped, reset or closed: the UI has already moved on
-            if update.num_tokens or update.finished:
+            if update.num_tokens or update.text or update.finished:
                 self._rereading.pop(update.request_id, None)
-            if update.num_tokens:
+            if update.num_tokens or update.text:
                 self._warm.add(sink)
             if update.finished:
                 del self._sinks[update.request_id]
