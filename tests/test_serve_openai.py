@@ -212,6 +212,7 @@ def wait_for(condition, what: str, timeout: float = 30.0) -> None:
 
 
 def test_a_client_that_leaves_mid_stream_aborts_its_request(served: Served):
+    before = aborted(served)
     body = {
         "model": served.model,
         "messages": [{"role": "user", "content": "Tell me a long story."}],
@@ -226,10 +227,28 @@ def test_a_client_that_leaves_mid_stream_aborts_its_request(served: Served):
             pass  # until a token has streamed and the engine holds the request
     # The connection is closed here: the engine drops the request long before its 192 tokens.
     wait_for(lambda: served.engine_client.stats().num_running == 0, "the abort", timeout=10)
-    families = metrics(served)
-    success = families["tinychat:request_success"]
-    aborted = [s for s in success.samples if s.labels.get("finished_reason") == "abort"]
-    assert aborted and aborted[0].value >= 1
+    wait_for(lambda: aborted(served) == before + 1, "the abort's count", timeout=5)
+
+
+def test_a_client_that_leaves_before_a_whole_reply_aborts_it(served: Served):
+    body = {
+        "model": served.model,
+        "prompt": "Once upon a time",
+        "max_tokens": CONTEXT - 64,
+        "ignore_eos": True,
+        "temperature": 0,
+    }
+    before = aborted(served)
+    with pytest.raises(httpx.ReadTimeout):  # gives up long before 192 tokens on the cpu
+        httpx.post(served.url + "/completions", json=body, timeout=httpx.Timeout(30, read=1.5))
+    wait_for(lambda: served.engine_client.stats().num_running == 0, "the abort", timeout=10)
+    wait_for(lambda: aborted(served) == before + 1, "the abort's count", timeout=5)
+
+
+def aborted(served: Served) -> float:
+    """Requests that ended as "abort" (the client left), from /metrics."""
+    samples = metrics(served)["tinychat:request_success"].samples
+    return sum(s.value for s in samples if s.labels.get("finished_reason") == "abort")
 
 
 def metrics(served: Served) -> dict:

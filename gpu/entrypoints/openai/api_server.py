@@ -5,7 +5,7 @@ shape itself (FastAPI's request validation answers 422 in a shape of its own, to
 hand); the request bodies are pydantic models all the same (protocol.py). uvicorn is the ASGI
 server vLLM uses; with uvicorn's Starlette-era spec a streaming response listens for the
 client's disconnect beside the stream and cancels it at once, which aborts the request in the
-engine (async_engine.py).
+engine (async_engine.py); a whole (non-streaming) reply watches for the disconnect itself.
 
     tinychat serve [--model M] [--device D] [--host 127.0.0.1] [--port 8000] [--api-key K]
 
@@ -15,13 +15,14 @@ With an API key, every /v1 route needs `Authorization: Bearer K` (401 otherwise)
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import logging
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 import uvicorn
@@ -108,7 +109,7 @@ def build_app(client: Any, api_key: str | None = None) -> Starlette:
                 return StreamingResponse(
                     events, media_type="text/event-stream", headers=SSE_HEADERS
                 )
-            return JSONResponse(await serving.create(body))
+            return JSONResponse(await _unless_disconnected(request, serving.create(body)))
 
         return handle
 
@@ -149,6 +150,28 @@ def build_app(client: Any, api_key: str | None = None) -> Starlette:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     app.state.serving = state
     return app
+
+
+async def _unless_disconnected(request: Request, reply: Coroutine[Any, Any, Any]) -> Any:
+    """A whole (non-streaming) reply, abandoned the moment its client disconnects (vLLM's
+    with_cancellation): cancelling it leaves the engine stream, which aborts the request."""
+    task = asyncio.ensure_future(reply)
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise OpenAIError("The client disconnected.", 499)
+    return task.result()
 
 
 def uvicorn_config(
