@@ -23,9 +23,7 @@ first before the wait for the previous kernel, pdl.py): batch 1 1,068 -> 1,081 t
 on the H200 (cold KV, tests/device/bench_kernels.py, FFMA walk -> tensor cores): batch 64 /
 context 1,024 55.3 -> 45.5 us (2.95 TB/s), batch 256 / context 512 111.5 -> 96.4 us, batch 1
 the same within 0.4 us (latency-bound); `tinychat bench decode`: batch 64 47,475 -> 48,603
-tok/s, batch 256 107,978 -> 111,392. Two tiles in flight a warp (the next tile's loads issued
-before this one's products) measured no faster (45.2 -> 45.9 us): the walk is not waiting on
-one tile's latency.
+tok/s, batch 256 107,978 -> 111,392.
 
 A warp per head (choose_warp_heads_ctx, tc_write_head): at batch 256 the grid is 2,048 blocks,
 4 waves, and at short contexts each block's set-up and merge cost as much as its walk. There a
