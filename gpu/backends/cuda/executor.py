@@ -15,9 +15,9 @@ batch-size bucket.
 
 Decode steps have their own, smaller staging, sized for max_num_seqs tokens: the copy moves the
 used prefix of the layout, ~20 KB for one decode token, where the per-token fields of the
-prefill staging (8,192 tokens) would make it ~130 KB. Their copy also overlaps the step before: it goes to
-a side buffer on a second stream, and the decode graph's first node copies it into place
-(OverlappedStaging, staging.py), because a copy queued between two graphs cost ~10 us of
+prefill staging (8,192 tokens) would make it ~130 KB. Their copy also overlaps the step before:
+it goes to a side buffer on a second stream, and the decode graph's first node copies it into
+place (OverlappedStaging, staging.py), because a copy queued between two graphs cost ~10 us of
 waiting whatever its size.
 
 Async scheduling: `launch` enqueues all of that and an event after the sampler, which stores the
