@@ -57,5 +57,7 @@ async def test_the_core_killed_mid_reply_then_restarted(
         await wait_until(pilot, lambda: not pane.replying, "the new reply", 120)
         assert "Paris" in pane.session.messages[-1].content
         assert pane.session.messages[-1].finish_reason in {"stop", "length"}
+        core = app.client.thread.process
         await pilot.press("ctrl+q")
+    assert core.wait(10) == 0  # Ctrl+Q stopped the core cleanly (SHUTDOWN, not a kill)
     store.close()
