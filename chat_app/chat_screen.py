@@ -96,7 +96,7 @@ class ChatScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         yield TabbedContent(id="tabs")
         yield StatusBar()
-        yield Footer()
+        yield Footer(compact=True)
 
     async def on_mount(self) -> None:
         for session in self._initial_sessions or [self._new_session()]:

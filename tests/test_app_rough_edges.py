@@ -10,7 +10,8 @@ from pathlib import Path
 from rich.cells import cell_len
 from textual.geometry import Region
 from textual.widget import Widget
-from textual.widgets import Static
+from textual.widgets import Footer, Static
+from textual.widgets._footer import FooterKey
 from textual.widgets._toast import Toast
 
 from chat_app.history import HistoryStore
@@ -125,6 +126,12 @@ async def test_reset_renames_the_tab_and_undo_brings_the_title_back(tmp_path: Pa
         assert label() == "1 first topic"
         await pilot.press("ctrl+r")
         await wait_until(pilot, lambda: label() == "1 New chat", "the tab renamed")
+        await pilot.resize_terminal(80, 24)  # the footer, Undo reset included, still whole
+        await pilot.pause()
+        footer = screen.query_one(Footer)
+        keys = list(footer.query(FooterKey))
+        assert "Undo reset" in [k.description for k in keys]
+        assert all(k.region.right <= footer.region.right for k in keys)
         await pilot.press("ctrl+z")
         await wait_until(pilot, lambda: label() == "1 first topic", "the title back")
         await pilot.press("ctrl+r")

@@ -13,7 +13,7 @@ class ChatInput(TextArea):
     reports it) and Ctrl+J (which every terminal sends) start a new line."""
 
     BINDINGS = [
-        Binding("enter", "submit", "Send", id="send"),
+        Binding("enter", "submit", "Send", id="send", show=False),
         Binding("shift+enter,ctrl+j", "newline", "New line", id="newline", show=False),
     ]
 
