@@ -114,6 +114,7 @@ class EngineCoreClient:
         self._stats = EngineStats()
         self._stopping = False
         self._fatal: str | None = None
+        self._closed = False  # the receiver has seen the core's end
         self._receiver = threading.Thread(target=self._receive, name="tinychat-core-receiver")
         self._receiver.daemon = True
         _live_clients.add(self)
@@ -194,6 +195,8 @@ class EngineCoreClient:
             self._requests[handle] = state
             self._handles[request_id] = handle
         self._send((p.ADD, handle, token_ids, core_params))
+        if self._closed:  # the core died since the check above: this request ends too
+            self._fail_open(self._stopped_message())
         return request_id
 
     def submit(self, prompt: str | list[int], params: SamplingParams) -> RequestStream:
@@ -230,7 +233,12 @@ class EngineCoreClient:
 
     @property
     def is_alive(self) -> bool:
-        return not self._stopping and self.process.poll() is None and self._fatal is None
+        return (
+            not self._stopping
+            and not self._closed
+            and self._fatal is None
+            and self.process.poll() is None
+        )
 
     @property
     def core_pid(self) -> int | None:
@@ -254,6 +262,7 @@ class EngineCoreClient:
         except Exception:  # a bug here must not leave requests hanging
             log.exception("the engine-core receiver failed")
         finally:
+            self._closed = True
             self._fail_open(self._stopped_message())
 
     def _on_step(self, message: tuple) -> None:
@@ -281,8 +290,8 @@ class EngineCoreClient:
                     del requests[handle]
                     self._handles.pop(state.request_id, None)
             self._deliver(state)
-        if ended:
-            self._send((p.ABORT, ended))
+        if ended:  # never block this thread on a send: the core may be blocked sending to it
+            threading.Thread(target=self._send, args=((p.ABORT, ended),), daemon=True).start()
         if stats is not None:
             self._stats = p.stats_from_tuple(stats)
 
