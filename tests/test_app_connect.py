@@ -27,9 +27,9 @@ KEY = "sesame"
 
 @pytest.fixture(scope="module")
 def server(default_model_dir: Path) -> Iterator[ServerThread]:
-    client = build_engine_client(
-        str(default_model_dir), "cpu", EngineConfig(max_model_len=512, max_num_seqs=4)
-    )
+    config = EngineConfig(max_model_len=512, max_num_seqs=4)
+    # The engine in this process (no core process to start): the app only sees HTTP.
+    client = build_engine_client(str(default_model_dir), "cpu", config, engine_process=False)
     client.start()
     served = ServerThread(build_app(client, api_key=KEY)).start()
     try:

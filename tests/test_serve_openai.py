@@ -59,7 +59,8 @@ def generated(default_model_dir: Path, tinychat_test_home: Path) -> dict:
 
     out = io.StringIO()
     argv = ["generate", QUESTION, "--model", str(default_model_dir), "--device", "cpu",
-            "--max-tokens", str(MAX_TOKENS), "--max-model-len", str(CONTEXT), "--json"]  # fmt: skip
+            "--max-tokens", str(MAX_TOKENS), "--max-model-len", str(CONTEXT), "--json",
+            "--no-engine-process"]  # fmt: skip
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
         assert tinychat_main(argv) == 0
     return json.loads(out.getvalue())
