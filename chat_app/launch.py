@@ -208,4 +208,5 @@ def run_app(args: argparse.Namespace) -> int:
         app.client.shutdown()  # also when the app crashed: never leave the engine running
         store.close()
         lock.release()
-    return status if isinstance(status, int) else 0
+    # After a crash Textual's run() returns None and return_code is 1.
+    return app.return_code or (status if isinstance(status, int) else 0)

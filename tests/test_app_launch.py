@@ -69,3 +69,18 @@ def test_keymap_file_is_read_and_bad_ones_are_reported(tmp_path) -> None:
     wrong.write_text('["new_chat", "ctrl+t"]')
     keymap, error = load_keymap(wrong)
     assert keymap == {} and error is not None and "binding_id" in error
+
+
+def test_an_app_that_crashes_exits_with_status_1(tmp_path, monkeypatch) -> None:
+    """Textual's run() returns None after a crash; the status must still say it failed."""
+    from textual.app import App
+
+    from chat_app.app import TinyChatApp
+
+    def crash(self) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setenv("TINYCHAT_HOME", str(tmp_path))
+    monkeypatch.setattr(TinyChatApp, "on_mount", crash)
+    monkeypatch.setattr(TinyChatApp, "run", lambda self: App.run(self, headless=True))
+    assert run_app(parse()) == 1
