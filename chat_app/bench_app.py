@@ -16,8 +16,9 @@ The app runs headless (Textual's `run_test` at 160x50): the same widgets, layout
 as on a terminal, only the final write to the terminal is skipped. The last tab opened is the
 one shown, as when a user watches one tab while the others stream. The core runs go first:
 their process has the device to itself, then exits before this process builds its engine.
-With --config and a core run, the random weights are written to a folder once (the core loads
-a model by path), and every run loads that folder: the same weights, the same sampling work.
+With --config, the random weights are written to a model folder once, with a byte-level
+tokenizer and a ChatML template (the app needs a chat template, and the core loads a model by
+path), and every run loads that folder: the same weights, the same sampling work.
 
 Each run reports the tokens received over the wall time from queuing the first request to the
 last token received (tok/s), and the gaps between arrivals of new tokens at each tab's sink,
@@ -66,8 +67,8 @@ def add_bench_app_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--runs",
         default=None,
-        help=f"comma-separated, of {', '.join(RUNS)} (default: all; with --config and a core "
-        "run, the random weights are written to a folder once, which every run loads)",
+        help=f"comma-separated, of {', '.join(RUNS)} (default: all; --config's random weights "
+        "are written to a model folder once, which every run loads)",
     )
 
 
@@ -343,9 +344,9 @@ def _engine_config(args: argparse.Namespace):
 
 
 def random_model_folder(config_name: str, layers: int | None) -> Path:
-    """--config's random weights as a model folder, written once and reused: the engine core
-    loads a model by path, and every run (in-process too) must run the same weights, since
-    how flat the logits are sets how much work top-p does."""
+    """--config's random weights as a model folder, written once and reused: the app needs
+    the folder's tokenizer and chat template, the engine core loads a model by path, and every
+    run must run the same weights (how flat the logits are sets how much work top-p does)."""
     from gpu.presets import preset_config
     from weights.random_model import write_random_model
 
@@ -380,12 +381,14 @@ def choose_runs(args: argparse.Namespace) -> list[str]:
 
 
 def build_engine(args: argparse.Namespace) -> tuple[Any, str]:
-    """The in-process engine the arguments describe, as `tinychat bench` builds it (a model,
-    or a --config of random weights), and its label."""
-    from gpu.bench import _build
+    """The in-process engine for the model the arguments name, and its label."""
+    from gpu.loader import create_engine
 
-    engine, _, label, _ = _build(args)
-    return engine, label
+    progress = getattr(args, "progress", None)  # the command line's bar
+    engine = create_engine(args.model, args.device, _engine_config(args), progress=progress)
+    if hasattr(progress, "finish"):
+        progress.finish()
+    return engine, args.model or "default"
 
 
 def run_bench_app(
@@ -400,7 +403,7 @@ def run_bench_app(
     runs = choose_runs(args)
     results: list[RunResult] = []
     label = None
-    if args.config is not None and {"core", "app-core"} & set(runs):
+    if args.config is not None:
         label = f"{args.config} (random bf16 weights)"
         folder = random_model_folder(args.config, args.layers)
         args = argparse.Namespace(**{**vars(args), "model": str(folder), "config": None})

@@ -20,7 +20,7 @@ from textual.widgets import Markdown
 from chat_app.bridge import DEFAULT_FPS
 from chat_app.session import ChatMessage
 from chat_app.testing import FakeEngine, async_test, fake_app, open_tab, paste_text, wait_until
-from chat_app.widgets.messages import AssistantReply
+from chat_app.widgets.messages import PART_CHARS, AssistantReply, part_break
 
 
 @pytest.fixture
@@ -37,8 +37,12 @@ def appends(monkeypatch: pytest.MonkeyPatch) -> dict[int, list[float]]:
     return calls
 
 
-def _markdown_of(pane) -> Markdown:
-    return pane.query_one(AssistantReply).markdown
+def _reply_of(pane) -> AssistantReply:
+    return pane.query_one(AssistantReply)
+
+
+def _renders(reply: AssistantReply, appends: dict[int, list[float]]) -> list[float]:
+    return sorted(t for part in reply.parts for t in appends[id(part)])
 
 
 async def _send(pilot, text: str) -> None:
@@ -59,9 +63,9 @@ async def test_a_fast_stream_renders_at_most_about_30_times_a_second(
         await _send(pilot, "go")
         await wait_until(pilot, lambda: not pane.replying, "the reply", timeout=30)
         await pilot.pause(0.1)
-        markdown = _markdown_of(pane)
-        times = appends[id(markdown)]
-        assert markdown.source == pane.session.messages[-1].content  # nothing lost
+        reply = _reply_of(pane)
+        times = _renders(reply, appends)
+        assert reply.source == pane.session.messages[-1].content  # nothing lost
         elapsed = times[-1] - times[0]
         assert len(times) <= DEFAULT_FPS * elapsed + 3, (len(times), elapsed)
         assert words >= 5 * len(times)  # the tokens really were coalesced
@@ -80,22 +84,22 @@ async def test_a_hidden_tab_renders_nothing_and_catches_up_when_shown(
         first = app.chat_screen.active_pane
         await _send(pilot, "go")
         thread.allow_steps(20)
-        await wait_until(pilot, lambda: _markdown_of(first).source, "the first tokens shown")
+        await wait_until(pilot, lambda: _reply_of(first).source, "the first tokens shown")
         await open_tab(pilot)  # the first tab goes to the background, still streaming
         await pilot.pause(0.1)
-        markdown = _markdown_of(first)
-        rendered = len(appends[id(markdown)])
-        shown_source = markdown.source
+        reply = _reply_of(first)
+        rendered = len(_renders(reply, appends))
+        shown_source = reply.source
         thread.allow_steps(1000)
         await wait_until(pilot, lambda: not first.replying, "the end of the reply")
         await pilot.pause(0.2)
-        assert len(appends[id(markdown)]) == rendered  # not one render while hidden
-        assert markdown.source == shown_source
+        assert len(_renders(reply, appends)) == rendered  # not one render while hidden
+        assert reply.source == shown_source
         final = first.session.messages[-1].content
         assert final.endswith("Paragraph 39 of the reply.")
         await pilot.press("alt+1")
-        await wait_until(pilot, lambda: markdown.source == final, "the hidden tab caught up")
-        assert len(appends[id(markdown)]) == rendered + 1  # in one append
+        await wait_until(pilot, lambda: reply.source == final, "the hidden tab caught up")
+        assert len(_renders(reply, appends)) == rendered + 1  # in one append
 
 
 class _ReplyApp(App[None]):
@@ -108,11 +112,12 @@ class _ReplyApp(App[None]):
 
 
 @async_test
-async def test_a_long_reply_parses_only_its_last_block_per_update(
+async def test_a_long_reply_parses_and_lays_out_only_its_end_per_update(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """10,000 tokens streamed as ~300 updates (1,000 tok/s at 30 frames a second): every update
-    parses what is new plus the block it continues, never the whole reply."""
+    parses what is new plus the block it continues, never the whole reply, and lands in a
+    part of a few blocks (the part Textual lays out again), never in one of the whole reply."""
     parsed: list[int] = []
     original = MarkdownIt.parse
 
@@ -121,24 +126,41 @@ async def test_a_long_reply_parses_only_its_last_block_per_update(
         return original(self, src, env)
 
     monkeypatch.setattr(MarkdownIt, "parse", counted)
-    paragraph = " ".join(f"w{n}" for n in range(60)) + "\n\n"  # 60 tokens a paragraph
-    tokens = [piece + " " for _ in range(10_000 // 60 + 1) for piece in paragraph.split(" ")]
-    tokens = tokens[:10_000]
+    words = [f"w{n} " for n in range(59)] + ["w59\n\n"]  # a paragraph of 60 tokens
+    paragraph = "".join(words)
+    tokens = (words * (10_000 // 60 + 1))[:10_000]
     chunk = 33
     message = ChatMessage("assistant", "")
     app = _ReplyApp(message)
     async with app.run_test(size=(100, 32)) as pilot:
         reply = app.query_one(AssistantReply)
+        blocks = []
         for start in range(0, len(tokens), chunk):
             text = "".join(tokens[start : start + chunk])
             message.content += text
             await reply.append(text)
-            while len(reply.markdown.source) < len(message.content):  # one append per update
+            while len(reply.source) < len(message.content):  # one append per update
                 await asyncio.sleep(0)
+            blocks.append(len(reply.parts[-1].children))
         await reply.finish("length")
         await pilot.pause()
-        assert reply.markdown.source == message.content
+        assert reply.source == message.content
+        assert len(reply.parts) >= len(message.content) // PART_CHARS - 1
+    assert max(blocks) <= PART_CHARS // len(paragraph) + 3, max(blocks)
     longest = len(paragraph) + chunk * 8  # the block it continues, and one update's text
     assert max(parsed) <= 2 * longest, max(parsed)
     assert sum(parsed) <= 4 * len(message.content)  # linear in the reply, not quadratic
     assert len(parsed) >= 100  # it did stream, update by update
+
+
+def test_a_reply_splits_into_parts_only_where_the_markdown_parses_the_same() -> None:
+    long = "x" * 2_000 + "\n\n"
+    assert part_break("short", "\n\nNext paragraph") is None  # not long enough yet
+    assert part_break(long, "end.\n\nNext paragraph") == len("end.\n\n")
+    assert part_break(long, "end.\n\n- a list item") is None  # lists, headings, indents...
+    assert part_break(long, "end.\n\n# Heading") is None
+    assert part_break(long, "end.\n\n    indented") is None
+    fenced = "```python\nx = 1\n\n"
+    assert part_break(long + fenced, "y = 2\n\nz = 3") is None  # inside a code fence
+    closed = "y = 2\n```\n\nAfter the code."
+    assert part_break(long + fenced, closed) == closed.index("After")

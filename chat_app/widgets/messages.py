@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Markdown, Static
@@ -31,15 +33,40 @@ class Notice(Static):
         super().__init__(text, markup=False, classes="error" if error else "info")
 
 
+PART_CHARS = 2_000  # a streaming reply starts a new Markdown part past this many characters
+_NEW_PARAGRAPH = re.compile(r"\n\n(?=[^\W\d_])")  # a blank line, then a letter at column 0
+_FENCE = re.compile(r"^ {0,3}(?:```|~~~)", re.MULTILINE)
+
+
+def part_break(part: str, new: str, limit: int = PART_CHARS) -> int | None:
+    """Where in `new` the Markdown part holding `part` may end and the next one begin (an
+    offset into `new`), or None: only once the part is `limit` characters long, and only
+    before a paragraph that opens a line after a blank one, outside code fences. There the
+    text before and the text after parse as they would together."""
+    if len(part) + len(new) < limit:
+        return None
+    for match in reversed(list(_NEW_PARAGRAPH.finditer(new))):
+        if len(_FENCE.findall(part + new[: match.end()])) % 2 == 0:
+            return match.end()
+    return None
+
+
 class AssistantReply(Vertical):
     """A reply: Markdown that grows as tokens stream in, and a note on how it ended.
 
     Rendering is the UI's one real cost while tokens stream, so a reply renders only while it
     can be seen: text that arrives before the widget is mounted, or while its tab is hidden
-    (`live` False), is held and rendered in one append when it can be seen again. Streamed text
-    goes through Textual's MarkdownStream, which appends to the document and re-parses only
-    its last block, so an update costs the same at the 10,000th token as at the first.
+    (`live` False), is held and rendered in one append when it can be seen again.
+
+    A long reply must stream as fast as a short one. Streamed text goes through Textual's
+    MarkdownStream, which appends to the document and re-parses only its last block; and a
+    streaming reply is a column of Markdown parts of about PART_CHARS each, split between
+    paragraphs (`part_break`), because Textual lays out every block of a document whose last
+    block grew: in one document of 10,000 tokens that layout, not the parse, was most of a
+    frame's time. Only the last part changes; the others keep their layout.
     """
+
+    _part: Markdown  # the last part, the one that grows (set by compose)
 
     def __init__(self, message: ChatMessage) -> None:
         super().__init__()
@@ -49,17 +76,24 @@ class AssistantReply(Vertical):
         self.live = True  # its tab is shown (ChatPane keeps this in step)
         self._held: list[str] = []  # text not rendered yet
         self._finished = message.finish_reason is not None
+        self._part_text = ""  # what streamed into the part that grows (self._part)
 
     def compose(self) -> ComposeResult:
         # The message already holds every piece appended so far (the pane extends the
         # session before it appends here), so the document starts from it, held text and all.
         self._held.clear()
-        yield Markdown(self.message.content or None)
+        self._part = Markdown(self.message.content or None)
+        yield self._part
         yield Static("", classes="ending", markup=False)
 
     @property
-    def markdown(self) -> Markdown:
-        return self.query_one(Markdown)
+    def parts(self) -> list[Markdown]:
+        return list(self.query_children(Markdown))
+
+    @property
+    def source(self) -> str:
+        """The Markdown rendered so far, every part of it."""
+        return "".join(part.source for part in self.parts)
 
     async def on_mount(self) -> None:
         self._ready = True
@@ -86,21 +120,43 @@ class AssistantReply(Vertical):
         self._finished = True
         if not self._ready:
             return  # on_mount shows the message's ending
-        if self._stream is not None:
-            await self._stream.stop()  # renders what it still holds (nothing while hidden)
-            self._stream = None
+        await self._stop_stream()  # renders what it still holds (nothing while hidden)
         self._show_ending(finish_reason, error)
 
     async def _render_held(self) -> None:
         text = "".join(self._held)
         self._held.clear()
+        cut = part_break(self._part_text, text, PART_CHARS)
+        if cut is not None:
+            await self._write(text[:cut])
+            await self._next_part()
+            text = text[cut:]
+        await self._write(text)
+
+    async def _write(self, text: str) -> None:
+        if not text:
+            return
+        self._part_text += text
         if self._finished:  # the tab was hidden while the reply ended: one append
-            await self.markdown.append(text)
+            await self._part.append(text)
             return
         if self._stream is None:
-            self._stream = Markdown.get_stream(self.markdown)
+            self._stream = Markdown.get_stream(self._part)
             self._set_ending("", None)
         await self._stream.write(text)
+
+    async def _next_part(self) -> None:
+        await self._stop_stream()
+        # The part's last block loses its bottom margin (tinychat.tcss); the part keeps it.
+        self._part.styles.margin = (0, 0, 1, 0)
+        self._part = Markdown()
+        self._part_text = ""
+        await self.mount(self._part, before=self.query_one(".ending"))
+
+    async def _stop_stream(self) -> None:
+        if self._stream is not None:
+            await self._stream.stop()
+            self._stream = None
 
     def _show_ending(self, finish_reason: str, error: str | None) -> None:
         if finish_reason == "error":
