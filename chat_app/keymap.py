@@ -52,6 +52,8 @@ def load_keymap(
     """The good entries of the keymap at `path` (default: the home's keymap.json), and one
     notice naming the entries left out, if any. With `binding_ids`, an entry for any other
     id is left out too (it would never run anything)."""
+    if path is not None and not path.exists():  # asked for by name (--keymap FILE)
+        return {}, f"There is no keymap {path}: the default keys apply."
     path = path if path is not None else keymap_path()
     if not path.exists():
         return {}, None

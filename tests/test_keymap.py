@@ -60,3 +60,10 @@ def test_every_key_the_app_binds_is_a_key_and_every_id_can_be_remapped() -> None
     assert {"new_chat", "send", "quit", "help_close", "settings_save", "tab_9"} <= ids
     for key in ("alt+shift+left", "question_mark", "space", "F8", "ctrl+", "super"):
         assert is_key(key) == (key in ("alt+shift+left", "question_mark", "space"))
+
+
+def test_a_keymap_named_on_the_command_line_must_exist(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("TINYCHAT_HOME", str(tmp_path))
+    assert load_keymap() == ({}, None)  # the home's keymap.json is optional
+    keymap, notice = load_keymap(tmp_path / "typo.json")
+    assert keymap == {} and notice is not None and "typo.json" in notice
