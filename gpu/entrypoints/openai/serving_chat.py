@@ -16,6 +16,7 @@ from gpu.entrypoints.openai.serving import (
     error_event,
     finish_reason,
     sse,
+    sse_text_template,
 )
 
 
@@ -100,6 +101,10 @@ class OpenAIServingChat(OpenAIServing):
                 choice["stop_reason"] = stop
             return sse({**head, "choices": [choice]})
 
+        content = {"index": 0, "delta": {"content": ""}, "logprobs": None, "finish_reason": None}
+        text_chunk = sse_text_template(
+            {**head, "choices": [content]}, ("choices", 0, "delta", "content")
+        )
         usage = Usage()
         yield chunk({"role": "assistant", "content": ""})
         async with aclosing(self.outputs(prompt_ids, params, request_id, usage)) as stream:
@@ -107,7 +112,7 @@ class OpenAIServingChat(OpenAIServing):
                 text = "".join(o.outputs[0].text for o in batch if o.outputs)
                 final = batch[-1]
                 if text:
-                    yield chunk({"content": text})
+                    yield text_chunk(text)
                 if final.finished:
                     error = error_event(final)
                     if error is not None:

@@ -21,6 +21,7 @@ from gpu.entrypoints.openai.serving import (
     error_event,
     finish_reason,
     sse,
+    sse_text_template,
 )
 
 
@@ -105,6 +106,13 @@ class OpenAIServingCompletion(OpenAIServing):
                 choice["stop_reason"] = stop
             return sse({**head, "choices": [choice]})
 
+        text_chunk = sse_text_template(
+            {
+                **head,
+                "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": None}],
+            },
+            ("choices", 0, "text"),
+        )
         usage = Usage()
         async with aclosing(self.outputs(prompt_ids, params, request_id, usage)) as stream:
             async for batch in stream:
@@ -114,7 +122,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     error = error_event(final)
                     if error is not None:
                         if text:
-                            yield chunk(text)
+                            yield text_chunk(text)
                         yield error
                         yield SSE_DONE
                         return
@@ -123,7 +131,7 @@ class OpenAIServingCompletion(OpenAIServing):
                         text, finish_reason(completion.finish_reason), completion.stop_reason
                     )
                 elif text:
-                    yield chunk(text)
+                    yield text_chunk(text)
         if include_usage:
             yield sse({**head, "choices": [], "usage": usage.body()})
         yield SSE_DONE
