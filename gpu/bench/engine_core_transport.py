@@ -5,7 +5,7 @@
 Sends one message per engine step, the STEP message the core sends (gpu/engine_core/protocol.py:
 int handles and new token ids as two flat lists, a stats tuple), from a spawned process to this
 one, for 8 and 256 requests, over:
-  - multiprocessing.Pipe + pickle (the standard library), and
+  - multiprocessing.Pipe + pickle.dumps (the standard library, as the core sends), and
   - pyzmq PUSH/PULL over ipc:// + msgspec (vLLM's choice), when both are importable,
 and prints messages/s and microseconds per step message. It also times the incremental
 detokenizer per token on the default model's tokenizer, the cost that would sit in the core's
@@ -38,12 +38,12 @@ def _pipe_sender(conn, n: int, steps: int, pace: float) -> None:
     spent = 0.0
     for message in messages:
         t0 = time.perf_counter()
-        conn.send(message)
+        conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
         spent += time.perf_counter() - t0
         if pace:
             time.sleep(pace)  # a step's work: the receiver keeps up, as it does in the app
-    conn.send(spent / steps)  # the core's cost: encode + write
-    conn.send(None)
+    conn.send_bytes(pickle.dumps(spent / steps))  # the core's cost: encode + write
+    conn.send_bytes(pickle.dumps(None))
     conn.close()
 
 
@@ -75,11 +75,11 @@ def measure_pipe(n: int, steps: int, pace: float = 0.0) -> tuple[float, float]:
     proc = ctx.Process(target=_pipe_sender, args=(send, n, steps, pace))
     proc.start()
     send.close()
-    recv.recv()
+    pickle.loads(recv.recv_bytes())
     t0 = time.perf_counter()
     last = None
     count = 0
-    while (message := recv.recv()) is not None:
+    while (message := pickle.loads(recv.recv_bytes())) is not None:
         last = message
         count += 1
     dt = time.perf_counter() - t0

@@ -7,22 +7,28 @@ loop runs in a spawned process (`core.py`) and the app, `tinychat generate` and 
 streaming talk to it through `EngineCoreClient` (`client.py`), which keeps EngineThread's
 contract (add_request with an on_output callback, abort, stats, shutdown).
 
-Transport and encoding: a socket pair read and written as multiprocessing Connections, pickled
-tuples (protocol.py), requests named by int handles. Measured with
-`python -m gpu.bench.engine_core_transport` on the 2-core CPU machine (busy: load 13-24), one
-STEP message per engine step, 8 and 256 requests:
+Transport and encoding: a socket pair read and written as multiprocessing Connections, tuples
+pickled with pickle.dumps (protocol.py), requests named by int handles. Measured with
+`python -m gpu.bench.engine_core_transport` on the 2-core CPU machine (busy: load 9-24), one
+STEP message per engine step:
 
 | | 8 requests | 256 requests |
 |---|---|---|
-| Pipe + pickle, flat out | 27-33k msg/s (30-37 us) | 9-12k msg/s (85-111 us) |
-| pyzmq ipc + msgspec, flat out | 60-117k msg/s (9-17 us) | 13-27k msg/s (36-75 us) |
-| the core's cost per message, one step a ms | 42 us (either) | 65 (pipe) / 34 (zmq) us |
-| pickle dumps + loads alone | 2-8 us | 18-55 us |
+| socket pair + pickle, flat out | 48-51k msg/s (20 us each) | 11-12k msg/s (85-92 us) |
+| pyzmq ipc + msgspec, flat out | 117-305k msg/s (3-9 us) | 18-21k msg/s (47-57 us) |
+| the core's cost per message at one step a ms, pickle | 20-22 us | 41-43 us |
+| the same, zmq + msgspec | 29-32 us | 28-50 us |
 
-pyzmq + msgspec wins flat out, by less when the core sends one message a step as it does; the
-core's cost is a few percent of a 1 ms GPU step either way, and the stdlib needs no package on
-the GPU machine (which cannot install one). So: the standard library. Int handles and flat
-lists halve the pickling against (request id, token ids) tuples (18 vs 119 us at 256).
+zmq + msgspec wins flat out, but the core sends one message a step, and at that pace its cost
+in the core (what the step loop pays) is the same or higher than the socket pair's: 2% of a 1 ms
+GPU decode step at 8 requests. The standard library needs no package on the GPU machine (which
+cannot install one). Int handles and flat lists: 18 us to pickle and unpickle a 256-request
+step, 119 us as (request id, token ids) tuples; plain pickle.dumps instead of Connection.send's
+ForkingPickler: 1.7 vs 6.3 us at 8 requests.
+
+Measured through the real model on the same CPU, batch 1, 128 greedy tokens, the same run
+(`tinychat generate`-like loop, load ~10): the client 10.0-11.3 tok/s, the in-process engine
+thread 9.7-12.0 (medians 10.8 and 10.5): the boundary's cost is below the machine's noise.
 
 Detokenizing and stop strings run in the client (request_state.py): ~4-6 us a token is ~1 ms a
 step at 256 requests that would sit in the core's loop.

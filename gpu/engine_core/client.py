@@ -105,7 +105,7 @@ class EngineCoreClient:
         # The kernel's parent-death signal follows the thread that started the core: only a
         # main thread lives as long as its process (the app starts the core from a loader).
         main_thread = threading.current_thread() is threading.main_thread()
-        self._conn.send((model, device, config or EngineConfig(), os.getpid(), main_thread))
+        p.send(self._conn, (model, device, config or EngineConfig(), os.getpid(), main_thread))
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()  # guards _requests and _handles
         self._requests: dict[int, RequestState] = {}
@@ -133,7 +133,7 @@ class EngineCoreClient:
         tokenizer = None
         while True:
             try:
-                message = self._conn.recv()
+                message = p.recv(self._conn)
             except (EOFError, OSError):
                 raise EngineCoreError(f"the engine process {self._exit_description()} while "
                                       "loading the model") from None  # fmt: skip
@@ -249,7 +249,7 @@ class EngineCoreClient:
         conn = self._conn
         try:
             while True:
-                message = conn.recv()
+                message = p.recv(conn)
                 kind = message[0]
                 if kind == p.STEP:
                     self._on_step(message)
@@ -318,7 +318,7 @@ class EngineCoreClient:
     def _send(self, message: tuple) -> None:
         try:
             with self._send_lock:
-                self._conn.send(message)
+                p.send(self._conn, message)
         except (OSError, ValueError):  # the core is gone: the receiver reports it
             pass
 

@@ -31,7 +31,7 @@ def main() -> None:
     twice, and the app's whole import tree would load in the core)."""
     conn_fd, death_fd = (int(a) for a in sys.argv[1:3])
     conn = Connection(conn_fd)
-    model, device, config, parent_pid, kernel_death_signal = conn.recv()
+    model, device, config, parent_pid, kernel_death_signal = p.recv(conn)
     die_with_parent(parent_pid, kernel_death_signal, death_fd)
     ignore_interrupts()
     run_engine_core(conn, model, device, config)
@@ -87,7 +87,7 @@ def _picklable(exc: BaseException) -> BaseException:
 
 
 class _Sender:
-    """conn.send under a lock: progress may be reported from a compile thread."""
+    """protocol.send under a lock: progress may be reported from a compile thread."""
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
@@ -95,7 +95,7 @@ class _Sender:
 
     def send(self, message: Any) -> None:
         with self._lock:
-            self._conn.send(message)
+            p.send(self._conn, message)
 
 
 class EngineCore:
@@ -113,9 +113,9 @@ class EngineCore:
         while not self._stopping:
             if not engine.has_unfinished_requests():
                 self._send_stats()
-                self._handle(conn.recv())  # idle: wait for the client
+                self._handle(p.recv(conn))  # idle: wait for the client
             while not self._stopping and conn.poll():
-                self._handle(conn.recv())
+                self._handle(p.recv(conn))
             if self._stopping or not engine.has_unfinished_requests():
                 continue
             try:

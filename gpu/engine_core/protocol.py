@@ -1,7 +1,9 @@
 """The messages between an engine-core client and the core process: plain tuples, pickled.
 
-Each message is a tuple whose first item names its kind. Requests are known on the wire by a
-small int handle the client picks (strings cost ~4x more to pickle at 256 requests a step).
+Each message is a tuple whose first item names its kind, pickled by `send` (plain pickle.dumps:
+1.7 us for a step of 8 requests where Connection.send's ForkingPickler takes 6.3). Requests are
+known on the wire by a small int handle the client picks (strings cost ~4x more to pickle at 256
+requests a step).
 
 client -> core
     (ADD, handle, prompt_token_ids, params)      queue a request (params: SamplingParams, sent
@@ -14,8 +16,8 @@ core -> client
     (PROGRESS, stage, done, total)               the build's progress (weights, kernels)
     (MODEL, folder)                              the resolved model folder (for the tokenizer)
     (READY, EngineInfo)                          the engine is built: serving from now on
-    (LOAD_FAILED, message)                       the build failed; the core exits
-    (STEP, handles, tokens, finished, stats)     one engine step's outputs (see StepOutputs)
+    (LOAD_FAILED, exception)                     the build failed; the core exits
+    (STEP, handles, tokens, finished, stats)     one engine step's outputs (see step_message)
     (STATS, stats)                               a stats snapshot (sent when the core goes idle)
     (FATAL, message)                             the step loop itself failed; the core exits
 
@@ -25,7 +27,10 @@ worker process per GPU, later) is the core's business, not the protocol's.
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
 
 from gpu.outputs import EngineStats, RequestOutput, StepStats
 
@@ -37,6 +42,14 @@ PROGRESS, MODEL, READY, LOAD_FAILED, STEP, STATS, FATAL = (
 Finished = tuple[int, list[int], str, "int | str | None", "str | None", int, "float | None"]
 """(handle, last token ids, finish_reason, stop_reason, error, num_cached_tokens,
 first_scheduled_time) of a request that ended this step."""
+
+
+def send(conn: Connection, message: Any) -> None:
+    conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def recv(conn: Connection) -> Any:
+    return pickle.loads(conn.recv_bytes())
 
 
 @dataclass(frozen=True)
