@@ -6,6 +6,10 @@ itself stays single-threaded. Each request's outputs go to its `on_output` callb
 the engine thread with the new text only (DELTA); the callback must not block — the app posts a
 message to its event loop and returns. `RequestStream` is the alternative for code that wants to
 iterate: a queue that never blocks the engine, however slow the reader.
+
+The app and `tinychat generate` run the engine in a process of its own instead, through
+`gpu.engine_core.EngineCoreClient`, which keeps these same calls: here the step loop shares the
+interpreter's GIL with its clients. This thread is the in-process path (`--no-engine-process`).
 """
 
 from __future__ import annotations
