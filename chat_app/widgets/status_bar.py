@@ -25,9 +25,10 @@ SEPARATOR = " · "
 GAP = 2  # columns between two groups on a line (their margin in tinychat.tcss)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Field:
-    """One piece of a status line. `rank` 0 is the last to go when the line is too narrow."""
+    """One piece of a status line. `rank` 0 is the last to go when the line is too narrow.
+    (Compared by identity: two fields with the same text are still two fields.)"""
 
     text: str
     rank: int
@@ -156,7 +157,8 @@ class StatusBar(Vertical):
         )
         for name, text in (("model", model), ("tab", tab), ("engine", engine), ("rate", rate)):
             static = self.query_one(f"#status-{name}", Static)
-            static.update(text)
+            if str(static.content) != text:  # the stats timer mostly finds nothing new
+                static.update(text)
             static.display = bool(text)  # an empty one would still take its margin
         self.query_one("#status-spark", Sparkline).display = bool(spark_text)
 
