@@ -22,13 +22,24 @@ class EngineConfig:
     # Launch step N+1 before waiting for step N's tokens (vLLM's async scheduling): the host's
     # part of a step overlaps the device's. Same tokens either way; False: strictly serial.
     async_scheduling: bool = True
+    # The cpu backend's weights: "float32" (the numpy oracle), "q8" (Q8_0) or "q4" (Q4_1)
+    # blocks through Numba kernels; None: the device's default (cpu: "q8"). cuda: bf16, always.
+    precision: str | None = None
+    # Threads of the cpu backend's products; None: every core the process may use (the app
+    # leaves its UI one: chat_app passes usable cores - 1).
+    cpu_threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
             raise ValueError("block_size must be positive")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_kv_blocks"):
+        if self.precision not in (None, "float32", "q8", "q4"):
+            raise ValueError(f"precision must be float32, q8 or q4, got {self.precision!r}")
+        for name in (
+            "max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_kv_blocks",
+            "cpu_threads",
+        ):  # fmt: skip
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be positive, got {value}")
