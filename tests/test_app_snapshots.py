@@ -16,6 +16,7 @@ from chat_app.history import HistoryStore
 from chat_app.keymap import load_keymap
 from chat_app.session import ChatSession, ChatSettings
 from chat_app.testing import FakeEngine, fake_app, open_tab, paste_text, wait_until
+from chat_app.widgets.chat_pane import ChatPane
 
 SIZE = (100, 30)
 
@@ -126,9 +127,12 @@ def test_80_columns_reset_with_a_keymap_notice(tmp_path: Path, snap_compare) -> 
     assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)
 
 
-def test_160_columns_a_restored_chat_re_reading(tmp_path: Path, snap_compare) -> None:
+def test_160_columns_a_restored_chat_re_reading(tmp_path: Path, snap_compare, monkeypatch) -> None:
     """After a restart, the first reply in a long chat waits while its history is read again:
-    the status bar says so until the first token (the engine is held here)."""
+    the status bar says so until the first token (the engine is held here). The toasts (a
+    corrupt history moved aside, an export) show their whole paths, clear of the input."""
+    exported = Path("/home/you/.cache/tinychat/exports/tinychat-1-what-does-prefix-caching-do.md")
+    monkeypatch.setattr(ChatPane, "export", lambda self, folder, model: exported)
     store = HistoryStore.open(tmp_path / "history.db")
     session = ChatSession(ChatSettings(), store)
     session.add_user("What does prefix caching do?")
@@ -149,6 +153,7 @@ def test_160_columns_a_restored_chat_re_reading(tmp_path: Path, snap_compare) ->
         await ask(pilot, "And without it?")
         pane = app.chat_screen.active_pane
         await wait_until(pilot, lambda: app.client.rereading(pane) is not None, "the request")
+        await pilot.press("ctrl+e")
         await settle(pilot)
 
     assert snap_compare(app, terminal_size=(160, 50), run_before=run_before)
