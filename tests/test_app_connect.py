@@ -3,6 +3,7 @@ the default model and the cpu backend, with an API key), driven by Pilot."""
 
 from __future__ import annotations
 
+import json
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -128,3 +129,75 @@ def test_urls_and_metrics_parsing() -> None:
         "prefix_cache_hit_rate": 0.5,
         "prompt_tokens": 12.0,
     }
+
+
+def strict_openai_server(seen: list[dict]) -> ServerThread:
+    """A stand-in for OpenAI's own API: refuses fields it does not know (vLLM's extras) and
+    streams a canned reply; no engine behind it."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.routing import Route
+
+    known = {"model", "messages", "stream", "stream_options", "temperature", "top_p",
+             "max_tokens", "seed", "stop", "presence_penalty", "frequency_penalty"}  # fmt: skip
+
+    async def models(request):
+        return JSONResponse({"object": "list", "data": [{"id": "gpt-x", "object": "model"}]})
+
+    async def chat(request):
+        body = await request.json()
+        seen.append(body)
+        unknown = sorted(set(body) - known)
+        if unknown:
+            message = f"Unrecognized request argument supplied: {unknown[0]}"
+            return JSONResponse({"error": {"message": message}}, status_code=400)
+
+        async def events():
+            for piece in ("Hello", " there", "!"):
+                delta = {"choices": [{"index": 0, "delta": {"content": piece}}]}
+                yield f"data: {json.dumps(delta)}\n\n"
+            yield 'data: {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}\n\n'
+            yield 'data: {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3}}\n\n'
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    app = Starlette(routes=[Route("/v1/models", models), Route("/v1/chat/completions", chat,
+                                                              methods=["POST"])])  # fmt: skip
+    return ServerThread(app).start()
+
+
+def test_a_server_that_refuses_vllm_extras_gets_the_request_again_without_them() -> None:
+    import threading
+
+    from gpu.outputs import RequestOutput
+
+    seen: list[dict] = []
+    server = strict_openai_server(seen)
+    remote = connect(server.url)
+    remote.start()
+    try:
+        assert remote.engine.model_name == "gpt-x" and remote.engine.tokenizer is None
+        for _ in range(2):
+            outputs: list[RequestOutput] = []
+            done = threading.Event()
+
+            def on_output(out: RequestOutput, outputs=outputs, done=done) -> None:
+                outputs.append(out)
+                if out.finished:
+                    done.set()
+
+            chat = [{"role": "user", "content": "hi"}]
+            remote.add_chat_request(chat, ChatSettings().sampling_params(), on_output)
+            assert done.wait(30)
+            assert "".join(o.outputs[0].text for o in outputs) == "Hello there!"
+            final = outputs[-1]
+            assert final.outputs[0].finish_reason == "stop" and final.error is None
+            assert final.metrics.num_generated_tokens == 3
+    finally:
+        remote.shutdown()
+        server.stop()
+    # The app's defaults carry repetition_penalty 1.1: refused once, then never sent again.
+    assert "repetition_penalty" in seen[0] and "repetition_penalty" not in seen[1]
+    assert len(seen) == 3 and "repetition_penalty" not in seen[2]
+    assert seen[1]["messages"] == [{"role": "user", "content": "hi"}]
