@@ -121,7 +121,8 @@ def create_engine(
     from weights import open_model, resolve_model
 
     files = open_model(resolve_model(model, progress))
-    backend = get_backend(device)
+    config = config or EngineConfig()
+    backend = get_backend(device, config.precision, config.cpu_threads)
     tensors = files.tensors()
     if backend.weight_format == "bf16":
         get = lambda name: tensors[name].bf16_bits()

@@ -16,14 +16,29 @@ def cuda_available() -> bool:
         return False
 
 
-def get_backend(device: str = "auto") -> Backend:
-    """ "cpu", "cuda", or "auto" (cuda when a GPU is there, else cpu)."""
+CPU_DEFAULT_PRECISION = "q8"
+
+
+def get_backend(
+    device: str = "auto", precision: str | None = None, cpu_threads: int | None = None
+) -> Backend:
+    """ "cpu", "cuda", or "auto" (cuda when a GPU is there, else cpu).
+
+    On the cpu, `precision` picks the weights' form (EngineConfig.precision): "float32" is the
+    numpy oracle, "q8" / "q4" the quantized path (None: CPU_DEFAULT_PRECISION); `cpu_threads`
+    its threads (None: every usable core). The cuda backend ignores both."""
     if device == "auto":
         device = "cuda" if cuda_available() else "cpu"
     if device == "cpu":
-        from gpu.backends.cpu import CpuBackend
+        precision = precision or CPU_DEFAULT_PRECISION
+        if precision == "float32":
+            from gpu.backends.cpu import CpuBackend
 
-        return CpuBackend()
+            return CpuBackend(cpu_threads)
+        from gpu.backends.cpu_quant import CpuQuantBackend
+        from gpu.backends.cpu_threads import resolve_threads
+
+        return CpuQuantBackend(precision, resolve_threads(cpu_threads))
     if device == "cuda":
         if not cuda_available():
             raise RuntimeError(

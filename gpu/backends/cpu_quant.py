@@ -1,0 +1,111 @@
+"""The fast CPU path: the numpy backend with block-quantized weights and Numba products.
+
+A decode step on a CPU is bound by reading the weights. The oracle (`cpu.py`) multiplies
+float32 copies (4 bytes a weight); here every matrix, the embedding table (the tied LM head)
+included, is quantized once at load into Q8_0 or Q4_1 blocks and multiplied by the Numba
+kernels of gpu/kernels/cpu/quant_gemm.py, which dequantize in registers. Everything else (norms,
+RoPE, paged attention, sampling) is the oracle's own code, so the engine above it (paged KV,
+prefix cache, continuous batching) is the same. The oracle stays float32 and unchanged: every
+kernel here is tested against it.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpu.backends.cpu import CpuBackend
+from gpu.backends.cpu_threads import set_cpu_threads
+from gpu.kernels.cpu import quant_gemm as qg
+
+PRECISIONS = ("q8", "q4")  # the quantized CPU paths (float32: the oracle, cpu.py)
+
+
+@dataclass
+class QuantizedMatrix:
+    """A [N, K] weight as quantization blocks along K (layouts: quant_gemm.py)."""
+
+    fmt: str  # "q8" (Q8_0) | "q4" (Q4_1)
+    shape: tuple[int, int]
+    qs: np.ndarray
+    d: np.ndarray
+    m: np.ndarray | None = None  # Q4_1's block minimum
+
+    @classmethod
+    def quantize(cls, w: np.ndarray, fmt: str) -> QuantizedMatrix:
+        if fmt == "q8":
+            return cls(fmt, w.shape, *qg.quantize_q8_0(w))
+        if fmt == "q4":
+            return cls(fmt, w.shape, *qg.quantize_q4_1(w))
+        raise ValueError(f"unknown quantized precision {fmt!r}: use {', '.join(PRECISIONS)}")
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.qs, self.d, self.m) if a is not None)
+
+    def dequantize_rows(self, rows: np.ndarray) -> np.ndarray:
+        """float32 [len(rows), K]: the embedding lookup."""
+        if self.fmt == "q8":
+            full = qg.dequantize_q8_0(self.qs[rows], self.d[rows])
+        else:
+            full = qg.dequantize_q4_1(self.qs[rows], self.d[rows], self.m[rows])
+        return full[:, : self.shape[1]]
+
+    def matmul(self, x: np.ndarray, out: np.ndarray, accumulate: bool) -> None:
+        """out (+)= x @ W.T for x [T, K] float32 (C-contiguous) and out [T, N]."""
+        if self.fmt == "q8":
+            qg.gemm_q8_0(x, self.qs, self.d, out, accumulate, qg.QK)
+        else:
+            qg.gemm_q4_1(x, self.qs, self.d, self.m, out, accumulate, qg.QK)
+
+
+class CpuQuantBackend(CpuBackend):
+    """`precision` "q8" or "q4"; `threads`: Numba's threads for the products. OpenBLAS runs
+    only attention's small products here, one thread each: threading them costs more than it
+    saves, and spinning BLAS threads are what a shared machine punishes."""
+
+    def __init__(self, precision: str = "q8", threads: int = 1) -> None:
+        if precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {precision!r}: use float32, q8 or q4")
+        self.precision = precision
+        self.threads = threads
+        self._configured_thread: int | None = None
+
+    def weight(self, array: np.ndarray, kind: str):
+        w = super().weight(array, kind)
+        if kind in ("matrix", "embedding"):
+            return QuantizedMatrix.quantize(w, self.precision)
+        return w
+
+    def _use_threads(self) -> None:
+        """Numba's thread count is per calling thread: set it in the thread that runs steps
+        (the engine's thread or process), once."""
+        me = threading.get_ident()
+        if self._configured_thread != me:
+            set_cpu_threads(1, self.threads)
+            self._configured_thread = me
+
+    def embed(self, input_ids, table, out, prev_rows=None, sampled_prev=None) -> None:
+        self._use_threads()
+        if not isinstance(table, QuantizedMatrix):
+            return super().embed(input_ids, table, out, prev_rows, sampled_prev)
+        if prev_rows is not None and prev_rows.size and prev_rows.max() >= 0:
+            in_flight = prev_rows >= 0
+            input_ids = np.where(
+                in_flight, sampled_prev[np.where(in_flight, prev_rows, 0)], input_ids
+            )
+        out[...] = table.dequantize_rows(np.asarray(input_ids))
+
+    def linear(self, x: np.ndarray, w, out: np.ndarray) -> None:
+        if isinstance(w, QuantizedMatrix):
+            w.matmul(np.ascontiguousarray(x), out, accumulate=False)
+        else:
+            super().linear(x, w, out)
+
+    def linear_residual(self, x: np.ndarray, w, residual: np.ndarray, scratch: np.ndarray) -> None:
+        if isinstance(w, QuantizedMatrix):
+            w.matmul(np.ascontiguousarray(x), residual, accumulate=True)
+        else:
+            super().linear_residual(x, w, residual, scratch)

@@ -1,0 +1,160 @@
+"""The quantized CPU path (gpu/backends/cpu_quant.py): each Numba kernel against its float32
+numpy twin, the whole forward against the oracle on the same (dequantized) weights, and the
+engine on it.
+
+The kernels dequantize exactly (a scale times a small integer, plus Q4_1's minimum), so against
+the oracle on the dequantized weights only the order of float32 sums differs: the tolerances
+below are float32 rounding, not quantization error. Quantization error itself is bounded in
+test_quantization_error_is_half_a_step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from engine_helpers import byte_tokenizer, random_prompts, tiny_config
+
+from gpu import EngineConfig, SamplingParams
+from gpu.backends.cpu import CpuBackend
+from gpu.backends.cpu_quant import CpuQuantBackend, QuantizedMatrix
+from gpu.backends.cpu_threads import _cgroup_quota, resolve_threads, usable_cpus
+from gpu.kernels.cpu import quant_gemm as qg
+from gpu.loader import build_engine
+from gpu.model_weights import random_hf_tensors
+
+FORMATS = ("q8", "q4")
+
+
+def _dequantized(w: np.ndarray, fmt: str) -> np.ndarray:
+    m = QuantizedMatrix.quantize(w, fmt)
+    return m.dequantize_rows(np.arange(w.shape[0]))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_quantization_error_is_half_a_step(fmt):
+    w = np.random.default_rng(0).standard_normal((19, 75)).astype(np.float32)  # K: 2 blocks + 11
+    m = QuantizedMatrix.quantize(w, fmt)
+    assert m.qs.shape[1] == (96 if fmt == "q8" else 48)  # zero-padded to whole blocks
+    err = np.abs(_dequantized(w, fmt) - w).reshape(19, -1)
+    step = np.repeat(m.d, qg.QK, axis=1)[:, :75]
+    assert np.all(err <= step / 2 + 1e-6)
+
+
+def test_q4_1_recovers_a_q4_1_grid():
+    """A weight already on a Q4_1 grid (the default model's GGUF) comes back as it was."""
+    rng = np.random.default_rng(1)
+    q = rng.integers(0, 16, (8, 64)).astype(np.float32)
+    q[:, ::32], q[:, 1::32] = 0, 15  # every block spans the whole grid
+    d, lo = rng.uniform(0.01, 0.1, (8, 2)), rng.uniform(-1, 0, (8, 2))
+    w = (q.reshape(8, 2, 32) * d[..., None] + lo[..., None]).reshape(8, 64).astype(np.float32)
+    np.testing.assert_allclose(_dequantized(w, "q4"), w, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize(
+    "n, k, t",
+    [(37, 70, 1), (37, 70, 3), (8, 32, 1), (50, 96, 9)],
+    ids=["odd-k-one-token", "odd-k-3-tokens", "one-block", "9-tokens"],
+)
+@pytest.mark.parametrize("accumulate", [False, True], ids=["store", "accumulate"])
+def test_gemm_matches_the_float32_twin(fmt, n, k, t, accumulate):
+    rng = np.random.default_rng(n * k + t)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    start = rng.standard_normal((t, n)).astype(np.float32)
+    m = QuantizedMatrix.quantize(w, fmt)
+    out = start.copy()
+    m.matmul(x, out, accumulate)
+    expected = x @ _dequantized(w, fmt).T + (start if accumulate else 0)
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_backend_ops_match_the_oracle(fmt):
+    rng = np.random.default_rng(2)
+    quant, oracle = CpuQuantBackend(fmt), CpuBackend()
+    w = rng.standard_normal((45, 40)).astype(np.float32)
+    x = rng.standard_normal((5, 40)).astype(np.float32)
+    qw, fw = quant.weight(w, "matrix"), oracle.weight(_dequantized(w, fmt), "matrix")
+    got, expected = np.empty((5, 45), np.float32), np.empty((5, 45), np.float32)
+    quant.linear(x, qw, got)
+    oracle.linear(x, fw, expected)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-4)
+    residual, scratch = rng.standard_normal((5, 45)).astype(np.float32), np.empty((5, 45))
+    want = residual + expected
+    quant.linear_residual(x, qw, residual, scratch)
+    np.testing.assert_allclose(residual, want, rtol=1e-5, atol=1e-4)
+    # The embedding: rows looked up, a token still in flight taken from the last step's ids.
+    table = quant.weight(w, "embedding")
+    ids, prev_rows = np.array([3, 0, 44], np.int32), np.array([-1, 1, -1])
+    sampled = np.array([9, 7])
+    got, expected = np.empty((3, 40), np.float32), np.empty((3, 40), np.float32)
+    quant.embed(ids, table, got, prev_rows, sampled)
+    oracle.embed(ids, fw, expected, prev_rows, sampled)
+    np.testing.assert_array_equal(got, expected)
+
+
+def _engines(fmt: str, config, seed: int = 0, std: float = 0.35, **engine_args):
+    """The same random model on the quantized path and, on its dequantized weights, on the
+    float32 oracle."""
+    tensors = random_hf_tensors(config, seed=seed, std=std)
+    matrices = {n: t for n, t in tensors.items() if t.ndim == 2}
+    dequantized = {**tensors, **{n: _dequantized(t, fmt) for n, t in matrices.items()}}
+    engine_args.setdefault("num_kv_blocks", 128)
+
+    def build(backend, weights):
+        return build_engine(
+            config, weights.__getitem__, backend, EngineConfig(**engine_args),
+            tokenizer=byte_tokenizer(), model_name="tiny-random",
+        )  # fmt: skip
+
+    return build(CpuQuantBackend(fmt), tensors), build(CpuBackend(), dequantized)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_engine_matches_the_oracle_on_the_same_weights(fmt):
+    """Odd widths (hidden 48, intermediate 80: K not a multiple of 32), a tied head, batched
+    prompts of mixed lengths with chunked prefill and decode: the tokens are the oracle's."""
+    config = tiny_config(
+        hidden_size=48, intermediate_size=80, head_dim=12, tie_word_embeddings=True
+    )
+    quant, oracle = _engines(fmt, config, max_num_batched_tokens=32)
+    prompts = random_prompts(5, seed=3)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, detokenize=False)
+
+    def run(engine):
+        ids = [engine.add_request(p, params) for p in prompts]
+        done = {}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    done[out.request_id] = out.outputs[0].token_ids
+        return [done[i] for i in ids]
+
+    assert run(quant) == run(oracle)
+
+
+def test_usable_cpus_and_thread_choice(tmp_path, monkeypatch):
+    import os
+
+    assert 1 <= usable_cpus() <= len(os.sched_getaffinity(0))
+    limit = tmp_path / "cpu.max"
+    limit.write_text("150000 100000\n")
+    assert _cgroup_quota(limit) == 1.5
+    limit.write_text("max 100000\n")
+    assert _cgroup_quota(limit) is None
+    assert _cgroup_quota(tmp_path / "absent") is None
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert resolve_threads(3) == 3
+    assert resolve_threads(None) == usable_cpus()
+    assert resolve_threads(None, reserve=64) == 1  # never below one
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")
+    assert resolve_threads(None) == 1
+
+
+def test_precision_is_checked():
+    with pytest.raises(ValueError, match="precision"):
+        EngineConfig(precision="q3")
+    with pytest.raises(ValueError, match="precision"):
+        CpuQuantBackend("float16")
