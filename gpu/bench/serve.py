@@ -5,12 +5,12 @@
     tinychat bench serve --url http://host:8000/v1 --clients 64   # any running server
 
 One run, one engine core: first the requests go to the engine client directly (the engine
-alone), then the same requests go through `tinychat serve`'s app (uvicorn in a thread of this
-process, as `tinychat serve` runs it) from N clients in a process of their own
-(serve_clients.py), like `vllm bench serve`. Each reports time to first token, the gap between
-tokens (p50/p99) and output tok/s; the HTTP row's ratio to the engine's is the server's cost.
-Requests are greedy completions of random token ids (fixed prompt and output lengths,
-ignore_eos), so both paths produce the same tokens.
+alone), then the same kind of requests (prompts of their own, same lengths) go through
+`tinychat serve`'s app (uvicorn in a thread of this process, as `tinychat serve` runs it) from
+N clients in a process of their own (serve_clients.py), like `vllm bench serve`. Each reports
+time to first token, the gap between text chunks (p50/p99) and output tok/s; the HTTP row's
+ratio to the engine's is the server's cost. Requests are greedy completions of random token
+ids (fixed prompt and output lengths, ignore_eos): both paths do the same work.
 
 --check: every client samples (temperature 0.8, top-p 0.95) with a seed of its own; each
 stream's text must equal the same seeded request run alone through the engine. A lost,
@@ -77,18 +77,21 @@ def _bench(args: argparse.Namespace, client: Any) -> dict[str, Any]:
     engine = client.engine
     vocab = engine.vocab_size
     results: dict[str, Any] = {"device": engine.device, "clients": args.clients}
-    _engine_run(client, _requests(args, vocab, check=False)[:1])  # warm-up
-    requests = _requests(args, vocab, check=False)
+    # Warm-up: the whole batch once, so that neither timed run pays for a batch size's first
+    # graph capture. Each run has prompts of its own (same lengths): a run after another
+    # with the same prompts would find them in the prefix cache.
+    _engine_run(client, _requests(args, vocab, check=False, seed=0))
+    requests = _requests(args, vocab, check=False, seed=1)
     results["engine"] = _summary(_engine_run(client, requests), args.new_tokens)
     server = ServerThread(build_app(client)).start()
     try:
-        http = _run_clients(_spec(server.url, None, requests))
+        http = _run_clients(_spec(server.url, None, _requests(args, vocab, False, seed=2)))
         results["http"] = _summary(http, args.new_tokens)
         results["http_vs_engine"] = results["http"]["output_tok_s"] / max(
             results["engine"]["output_tok_s"], 1e-9
         )
         if args.check:
-            checked = _requests(args, vocab, check=True)
+            checked = _requests(args, vocab, check=True, seed=3)
             streamed = _run_clients(_spec(server.url, None, checked))["results"]
             alone = [_engine_run(client, [r])["results"][0] for r in checked]
             results["check"] = _compare(streamed, alone)
@@ -100,10 +103,12 @@ def _bench(args: argparse.Namespace, client: Any) -> dict[str, Any]:
 # -- requests --------------------------------------------------------------------------------
 
 
-def _requests(args: argparse.Namespace, vocab: int | None, check: bool) -> list[dict[str, Any]]:
+def _requests(
+    args: argparse.Namespace, vocab: int | None, check: bool, seed: int = 0
+) -> list[dict[str, Any]]:
     """The /v1/completions bodies: random token-id prompts (text where the vocabulary is not
     known, against --url), fixed lengths; greedy, or seeded sampling for --check."""
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     bodies = []
     for i in range(args.clients):
         if vocab is None:
