@@ -68,6 +68,13 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-model-len", type=int, default=None, help="context length cap")
     parser.add_argument(
+        "--precision",
+        choices=("float32", "q8", "q4"),
+        default=None,
+        help="cpu: the weights' form: float32 (the numpy reference), q8 or q4 (block-quantized, "
+        "Numba kernels; default q8); cuda: bf16 whatever this says",
+    )
+    parser.add_argument(
         "--no-engine-process",
         action="store_true",
         help="run the engine in a thread of this process instead of an engine-core process of "
@@ -215,7 +222,9 @@ def _generate_client(args: argparse.Namespace, progress: ProgressPrinter):
     engine thread here with --no-engine-process; either way EngineThread's calls."""
     from gpu import EngineConfig
 
-    config = EngineConfig(max_model_len=args.max_model_len, max_num_seqs=8)
+    config = EngineConfig(
+        max_model_len=args.max_model_len, max_num_seqs=8, precision=getattr(args, "precision", None)
+    )
     if getattr(args, "no_engine_process", False):
         from gpu.engine_thread import EngineThread
         from gpu.loader import create_engine
