@@ -100,6 +100,7 @@ def engine_factory(
     *,
     engine_process: bool = True,
     log_path: str | None = None,
+    precision: str | None = None,
 ) -> EngineThread:
     """Load the model behind an engine client (slow: runs in the app's worker).
     progress(stage, done, total) hears how far the build is (weights, kernels compiling).
@@ -109,8 +110,11 @@ def engine_factory(
     process, as `tinychat --no-engine-process` asks (`tinychat bench app` compares the two).
     log_path: where the core's own output goes (the app owns the terminal)."""
     from gpu import EngineConfig  # imported here: the UI opens before the engine's imports finish
+    from gpu.backends.cpu_threads import resolve_threads
 
     options = {} if max_model_len is None else {"max_model_len": max_model_len}
+    # On the cpu the engine's products leave the UI a core (issue 24); precision: --precision.
+    options.update(precision=precision, cpu_threads=resolve_threads(None, reserve=1))
     if engine_process:
         from gpu.engine_core import EngineCoreClient
 
@@ -192,6 +196,7 @@ def run_app(args: argparse.Namespace) -> int:
                 app.client.report_progress,
                 engine_process=engine_process,
                 log_path=log_path,
+                precision=getattr(args, "precision", None),
             )
         ),
         store,
