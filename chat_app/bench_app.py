@@ -293,13 +293,16 @@ def bench_engine(
     thread: EngineThread, tabs: int, new_tokens: int, runs: list[str], names: tuple[str, str]
 ) -> list[RunResult]:
     """One engine (an in-process engine thread, or an engine-core client) for the run without
-    the app and the run with it (names), after a short warm-up pass of the same requests
-    (caches, the prefix cache, each batch size's graphs). Stops the engine at the end."""
+    the app and the run with it (names), after short warm-up passes of the same requests
+    (caches, the prefix cache; on a GPU, every batch size up to `tabs`, since the app's tabs
+    start one after another and each batch size captures its graph the first time). Stops
+    the engine at the end."""
     alone, in_app = names
     results = []
     work = FixedWork(thread, min(new_tokens, 16))
     try:
-        run_engine_alone(work, tabs, "warm-up")
+        for batch in range(1, tabs + 1) if work.engine.device == "cuda" else [tabs]:
+            run_engine_alone(work, batch, "warm-up")
         work.max_tokens = new_tokens
         if alone in runs:
             results.append(run_engine_alone(work, tabs, alone))
