@@ -169,8 +169,17 @@ def test_a_prompt_longer_than_the_context_is_400_with_the_lengths(served: Served
         {"role": "user", "content": long}]))  # fmt: skip
     assert status == 400 and error["code"] == "context_length_exceeded"
     assert f"maximum context length is {CONTEXT} tokens" in error["message"]
-    status, error = error_of(bad_chat(served, model=served.model, max_tokens=CONTEXT))
-    assert status == 400 and f"{CONTEXT} in the completion" in error["message"]
+    assert "prompt is " in error["message"]
+
+
+def test_max_tokens_beyond_the_context_is_cut_to_what_it_leaves(served: Served):
+    prompt = [1000 + i for i in range(CONTEXT - 3)]  # room for 3 tokens
+    reply = served.openai.completions.create(
+        model=served.model, prompt=prompt, max_tokens=100, temperature=0,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.usage.completion_tokens == 3
 
 
 def test_bad_json_and_unknown_routes(served: Served):

@@ -87,18 +87,22 @@ class OpenAIServing:
     def sampling_params(
         self, request: _SamplingRequest, prompt_len: int, max_tokens: int | None
     ) -> SamplingParams:
-        """The engine's parameters; 400 for a value it refuses or a request longer than the
-        context (OpenAI's words, with the lengths)."""
+        """The engine's parameters; 400 for a value it refuses, or for a prompt that leaves
+        no room in the context for a reply (OpenAI's words, with the lengths). A max_tokens
+        beyond what the context leaves is cut to it (the reply ends with "length"), as the
+        engine does for the app: a chat near the end of the context gets a shorter reply,
+        not an error (llama.cpp's server does the same; OpenAI's and vLLM's answer 400)."""
         context = self.engine.engine.max_model_len
-        if prompt_len >= context or (max_tokens is not None and prompt_len + max_tokens > context):
+        if prompt_len >= context:
             raise OpenAIError(
-                f"This model's maximum context length is {context} tokens. However, you "
-                f"requested {prompt_len + (max_tokens or 1)} tokens ({prompt_len} in the "
-                f"prompt, {max_tokens or 1} in the completion). Please reduce the length of "
-                "the prompt or completion.",
+                f"This model's maximum context length is {context} tokens. However, your "
+                f"prompt is {prompt_len} tokens, which leaves no room for a reply. Please "
+                "reduce the length of the prompt.",
                 param="messages" if hasattr(request, "messages") else "prompt",
                 code="context_length_exceeded",
             )
+        if max_tokens is not None:
+            max_tokens = min(max_tokens, context - prompt_len)
         values: dict[str, Any] = {
             "temperature": 1.0 if request.temperature is None else request.temperature,
             "top_p": 1.0 if request.top_p is None else request.top_p,
