@@ -33,3 +33,18 @@ def test_the_word_tokenizer_decodes_every_id_to_its_own_word():
     words = [tok.decode([i]) for i in (0, 1, 1295, 1296, 49_999)]
     assert len(set(words)) == len(words) and all(w.isalnum() for w in words)
     assert tok.decode([5, 6]) == f"{tok.decode([5])} {tok.decode([6])}"
+
+
+@pytest.mark.gpu
+def test_bench_serve_on_the_gpu_loses_and_mixes_no_token(tmp_path):
+    """64 seeded streams through HTTP on the cuda backend (random SmolLM2 weights), each equal
+    to its request run alone; and the greedy runs deliver every token on both paths."""
+    out = tmp_path / "serve.json"
+    argv = ["bench", "serve", "--config", "smollm2-135m", "--device", "cuda", "--clients", "64",
+            "--new-tokens", "32", "--check", "--json", str(out)]  # fmt: skip
+    assert tinychat_main(argv) == 0
+    results = json.loads(out.read_text())
+    for path in ("engine", "http"):
+        assert results[path]["errors"] == 0
+        assert results[path]["output_tokens"] == results[path]["expected_tokens"] == 64 * 32
+    assert results["check"]["mismatched"] == 0
