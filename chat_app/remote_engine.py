@@ -12,7 +12,9 @@ background thread: each reply is a task streaming server-sent events, so `abort`
 task, which closes the connection, which the server takes as the abort. Sampling settings go
 out under OpenAI's names; vLLM's extras (top_k, min_p, repetition_penalty, ...) are sent only
 when they differ from "off", and a server that refuses them (OpenAI's own answers 400) gets the
-request again without them, once, and never again for this connection.
+request again without them, once, and never again for this connection. A chat that outgrew
+the server's context (its 400 says so) goes again without its oldest turns, as the local
+engine's prompt drops them (never the system prompt or the newest message).
 
 While a server publishes Prometheus metrics at /metrics (tinychat's and vLLM's names), the
 status bar's engine line shows the server's running and waiting requests, KV-cache use and
@@ -219,13 +221,19 @@ class RemoteEngineThread:
         metrics = RequestMetrics(arrival_time=time.monotonic())
         reply = _Reply(request_id, metrics, on_output)
         try:
-            sent_extras = self._send_extras
-            status, message = await self._post(path, body, params, sent_extras, reply)
-            if status == 400 and sent_extras and _extras(params):
+            extras = self._send_extras
+            status, message = await self._post(path, body, params, extras, reply)
+            if status == 400 and extras and _extras(params) and not _too_long(message):
                 # Perhaps the server refuses vLLM's extras: once without them.
-                status, message = await self._post(path, body, params, False, reply)
+                extras = False
+                status, message = await self._post(path, body, params, extras, reply)
                 if status == 200:
                     self._send_extras = False
+            while status == 400 and _too_long(message) and (shorter := _drop_oldest_turn(body)):
+                # The chat outgrew the server's context: its oldest turns leave the prompt,
+                # as the local engine's do (chat_app/context_window.py).
+                body = shorter
+                status, message = await self._post(path, body, params, extras, reply)
             if status != 200:
                 reply.finish("error", f"the server answered {status}: {message}")
         except asyncio.CancelledError:
@@ -364,6 +372,27 @@ def _sampling(params: SamplingParams, extras: bool) -> dict[str, Any]:
     if extras:
         body.update(_extras(params))
     return body
+
+
+def _too_long(message: str) -> bool:
+    """The server's words for a prompt longer than its context (OpenAI, vLLM and tinychat say
+    "maximum context length", llama.cpp "context size")."""
+    return "context length" in message or "context size" in message
+
+
+def _drop_oldest_turn(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The chat without its oldest turn (a user message and the reply to it), never the
+    system prompt or the newest message; None when nothing is left to drop."""
+    messages = body.get("messages")
+    if not messages:
+        return None
+    first = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages))
+    end = first + 1
+    while end < len(messages) - 1 and messages[end]["role"] == "assistant":
+        end += 1
+    if end >= len(messages):
+        return None
+    return {**body, "messages": messages[:first] + messages[end:]}
 
 
 def _message(response: httpx.Response) -> str:

@@ -201,3 +201,30 @@ def test_a_server_that_refuses_vllm_extras_gets_the_request_again_without_them()
     assert "repetition_penalty" in seen[0] and "repetition_penalty" not in seen[1]
     assert len(seen) == 3 and "repetition_penalty" not in seen[2]
     assert seen[1]["messages"] == [{"role": "user", "content": "hi"}]
+
+
+def test_a_chat_that_outgrew_the_servers_context_drops_its_oldest_turns(server) -> None:
+    import threading
+
+    remote = connect(server.url, KEY)
+    remote.start()
+    done, outputs = threading.Event(), []
+
+    def on_output(out) -> None:
+        outputs.append(out)
+        if out.finished:
+            done.set()
+
+    chat = [
+        {"role": "user", "content": "word " * 600},  # alone longer than the 512-token context
+        {"role": "assistant", "content": "Noted."},
+        {"role": "user", "content": "What is the capital of France?"},
+    ]
+    try:
+        remote.add_chat_request(chat, GREEDY.sampling_params(), on_output)
+        assert done.wait(120)
+    finally:
+        remote.shutdown()
+    assert outputs[-1].error is None and outputs[-1].outputs[0].finish_reason == "length"
+    text = "".join(o.outputs[0].text for o in outputs)
+    assert text == greedy_reply(server, "What is the capital of France?")
