@@ -49,6 +49,13 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--config", default=None, help="llama-3.2-1b | smollm2-135m: random weights")
     p.add_argument("--layers", type=int, default=None, help="override the number of layers")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument(
+        "--precision",
+        choices=("float32", "q8", "q4"),
+        default=None,
+        help="cpu: the weights' form of the main run (default q8); with a real model (not "
+        "--config), latency/decode on the cpu also compare every cpu path and llama.cpp",
+    )
     p.add_argument("--batches", default="1,8,64,256", help="batch sizes of the decode workload")
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=128)
@@ -98,6 +105,7 @@ def _build(args: argparse.Namespace):
         max_model_len=args.max_model_len,
         gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.enforce_eager,
+        precision=getattr(args, "precision", None),
     )
     if args.async_scheduling is not None:
         cfg.async_scheduling = args.async_scheduling
@@ -120,7 +128,7 @@ def _build(args: argparse.Namespace):
     engine = build_engine(
         config,
         tensors.__getitem__,
-        get_backend(args.device),
+        get_backend(args.device, cfg.precision, cfg.cpu_threads),
         cfg,
         model_name=f"{args.config} (random bf16 weights)",
         progress=_progress(args),
@@ -188,7 +196,7 @@ def run_bench(args: argparse.Namespace) -> int:
         capture_at_start_s = executor.capture_all()
     config = engine.model_config
     ceilings = _ceilings(engine)
-    weight_bytes = 2 if engine.device == "cuda" else 4
+    weight_bytes = 2 if engine.device == "cuda" else _CPU_WEIGHT_BYTES[args.precision or "q8"]
     batches = [int(b) for b in args.batches.split(",") if b]
     batches = [b for b in batches if b <= engine.config.max_num_seqs]
     results.update(
@@ -253,6 +261,11 @@ def run_bench(args: argparse.Namespace) -> int:
     graphs = getattr(executor, "graphs", {})
     results["graph_buckets"] = sorted({k[1] for k in graphs if k[0] == "decode"})
     results["mixed_graph_buckets"] = sorted({k[1:3] for k in graphs if k[0] == "mixed"})
+    if engine.device == "cpu" and args.config is None and {"latency", "decode"} & set(chosen):
+        from gpu.bench.cpu_paths import compare_cpu_paths
+
+        del engine, executor  # one model in memory at a time
+        results["cpu_paths"] = compare_cpu_paths(args, sorted({1, *(b for b in batches if b <= 8)}))
     _save(results, args.json_path)  # ours first: a slow or failing comparison loses nothing
     if args.compare == "hf":
         from gpu.bench.hf_reference import run_hf
@@ -269,6 +282,10 @@ def run_bench(args: argparse.Namespace) -> int:
 
         plot_decode(results, args.plot)
     return 0
+
+
+# Bytes a weight costs on the cpu: float32, Q8_0 (34 bytes a block of 32), Q4_1 (24).
+_CPU_WEIGHT_BYTES = {"float32": 4, "q8": 34 / 32, "q4": 24 / 32}
 
 
 def warm_up_plan(
@@ -405,3 +422,7 @@ def print_table(r: dict) -> None:
     if "startup" in r:
         out.write(startup_summary(r["startup"]) + "\n")
     out.flush()
+    if "cpu_paths" in r:
+        from gpu.bench.cpu_paths import print_cpu_paths
+
+        print_cpu_paths(r["cpu_paths"])
