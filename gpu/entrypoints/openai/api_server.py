@@ -40,6 +40,7 @@ from gpu.entrypoints.openai.serving_chat import OpenAIServingChat
 from gpu.entrypoints.openai.serving_completion import OpenAIServingCompletion
 
 log = logging.getLogger(__name__)
+GRACEFUL_SHUTDOWN_S = 5
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -184,6 +185,9 @@ def uvicorn_config(
         access_log=access_log,
         log_level=log_level,
         timeout_keep_alive=30,
+        # Ctrl+C with replies still streaming: they get this long to finish, then are cut
+        # (and the engine client's shutdown aborts them) instead of holding the exit.
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
     )
 
 
@@ -191,7 +195,7 @@ class ServerThread:
     """The server in a background thread of this process, on a port the OS picks (the tests,
     `tinychat bench serve`). `url` is its base, e.g. http://127.0.0.1:41234/v1."""
 
-    def __init__(self, app: ASGIApp, host: str = "127.0.0.1") -> None:
+    def __init__(self, app: Starlette, host: str = "127.0.0.1") -> None:
         # IPPROTO_TCP named, not left 0: asyncio turns Nagle's algorithm off (TCP_NODELAY)
         # only on sockets that say they are TCP, and with it on, each token's small write
         # waited for the client's delayed ACK (40 ms).
@@ -200,7 +204,7 @@ class ServerThread:
         self._socket.bind((host, 0))
         port = self._socket.getsockname()[1]
         config = uvicorn_config(app, host, port, access_log=False, log_level="warning")
-        self.server = uvicorn.Server(config)
+        self.server = _Server(config, app)
         self.url = f"http://{host}:{port}/v1"
         self._thread = threading.Thread(
             target=self.server.run, kwargs={"sockets": [self._socket]}, daemon=True
@@ -219,6 +223,21 @@ class ServerThread:
         self.server.should_exit = True
         self._thread.join(timeout)
         self._socket.close()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, ending the open streams first when it stops (Ctrl+C): each gets an error
+    event and [DONE] at once, rather than being cut when the graceful wait runs out."""
+
+    def __init__(self, config: uvicorn.Config, app: Starlette) -> None:
+        super().__init__(config)
+        self._app = app
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        engine = self._app.state.serving.get("engine")
+        if engine is not None:
+            engine.abort_all()
+        await super().shutdown(sockets)
 
 
 def run_server(args: Any, progress: Any = None) -> int:
@@ -243,7 +262,7 @@ def run_server(args: Any, progress: Any = None) -> int:
             + (" (API key required)" if args.api_key else ""),
             flush=True,
         )
-        uvicorn.Server(uvicorn_config(app, args.host, args.port)).run()
+        _Server(uvicorn_config(app, args.host, args.port), app).run()
     finally:
         client.shutdown()
     return 0

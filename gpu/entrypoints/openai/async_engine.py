@@ -75,7 +75,16 @@ class AsyncEngine:
         self._pending.append(output)
         if not self._wakeup_posted:
             self._wakeup_posted = True
-            self._loop.call_soon_threadsafe(self._dispatch)
+            try:
+                self._loop.call_soon_threadsafe(self._dispatch)
+            except RuntimeError:  # the loop is closed: the server has stopped, nobody reads
+                pass
+
+    def abort_all(self) -> None:
+        """End every open stream (the server is stopping): each request's final output, an
+        abort, ends its stream with an error event, and the connections close cleanly."""
+        for request_id in list(self._queues):
+            self.client.abort(request_id)
 
     def _dispatch(self) -> None:
         # Clear the flag before taking: an output queued after this line posts a new wake-up.
