@@ -234,7 +234,7 @@ class _Server(uvicorn.Server):
         self._app = app
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        engine = self._app.state.serving.get("engine")
+        engine = getattr(self._app.state, "serving", {}).get("engine")
         if engine is not None:
             engine.abort_all()
         await super().shutdown(sockets)
