@@ -3,7 +3,8 @@
 # server (with an API key) in the background, drives `tinychat --connect URL` inside tmux:
 # the status bar shows the endpoint, a question gets its answer streamed over HTTP, Escape
 # stops a long reply, quit; then `tinychat history` lists the chat, and the server stops on
-# Ctrl+C (SIGINT) with its engine core.
+# Ctrl+C (SIGINT). The server keeps its engine in-process (--no-engine-process): what runs
+# here is the command line and HTTP, and the engine core's own start costs CI a process.
 #
 # Environment (all optional):
 #   TINYCHAT       how to run tinychat            (default: tinychat)
@@ -68,7 +69,7 @@ type_line() {  # type_line TEXT: type it, check it is in the box, then press Ent
 
 # 1. The server: up once /health answers.
 # shellcheck disable=SC2086
-$TINYCHAT serve --device cpu --port "$PORT" --api-key "$KEY" --max-model-len 1024 $SERVE_ARGS \
+$TINYCHAT serve --device cpu --port "$PORT" --api-key "$KEY" --max-model-len 1024 --no-engine-process $SERVE_ARGS \
     >"$SERVER_LOG" 2>&1 &
 SERVER_PID=$!
 deadline=$((SECONDS + TIMEOUT))
