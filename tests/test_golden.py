@@ -25,17 +25,37 @@ GOLDEN = Path(__file__).parent / "golden"
 TIE_GAP = 1e-3  # below this top-2 gap, float32 reordering may legitimately flip the argmax
 
 
-def comparable_prefix(gaps: list[float]) -> int:
+# The quantized CPU path (Q8_0 weights) must agree up to the first step whose oracle top-2 gap
+# is below this: measured on these cases, q8 first differs where the gap is 0.0129 and 0.117.
+Q8_TIE_GAP = 0.15
+
+
+def comparable_prefix(gaps: list[float], tie_gap: float = TIE_GAP) -> int:
     """Steps that must agree: up to and including the first near-tie (its argmax may flip)."""
     for i, gap in enumerate(gaps):
-        if gap < TIE_GAP:
+        if gap < tie_gap:
             return i
     return len(gaps)
 
 
 @pytest.fixture(scope="module")
 def default_llm(default_model_dir):
-    return LLM(model=str(default_model_dir), device="cpu", max_num_seqs=8)
+    """The float32 numpy oracle (the cpu default is the quantized path)."""
+    return LLM(model=str(default_model_dir), device="cpu", precision="float32", max_num_seqs=8)
+
+
+@pytest.mark.slow
+def test_quantized_cpu_path_matches_transformers(default_model_dir):
+    golden = json.loads((GOLDEN / "engine_golden.json").read_text())
+    llm = LLM(model=str(default_model_dir), device="cpu", precision="q8", max_num_seqs=8)
+    params = SamplingParams(temperature=0, max_tokens=golden["new_tokens"], ignore_eos=True)
+    outputs = llm.generate([case["prompt_ids"] for case in golden["cases"]], params)
+    agreed = 0
+    for case, out in zip(golden["cases"], outputs, strict=True):
+        n = comparable_prefix(case["gaps"], Q8_TIE_GAP)
+        assert out.outputs[0].token_ids[:n] == case["output_ids"][:n], case["messages"][-1]
+        agreed += out.outputs[0].token_ids == case["output_ids"]
+    assert agreed >= 4  # measured: 4 of the 6 replies agree to the last of their 32 tokens
 
 
 @pytest.mark.slow
