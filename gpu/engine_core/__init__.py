@@ -26,9 +26,10 @@ cannot install one). Int handles and flat lists: 18 us to pickle and unpickle a 
 step, 119 us as (request id, token ids) tuples; plain pickle.dumps instead of Connection.send's
 ForkingPickler: 1.7 vs 6.3 us at 8 requests.
 
-Measured through the real model on the same CPU, batch 1, 128 greedy tokens, the same run
-(`tinychat generate`-like loop, load ~10): the client 10.0-11.3 tok/s, the in-process engine
-thread 9.7-12.0 (medians 10.8 and 10.5): the boundary's cost is below the machine's noise.
+Measured through the default model on the same CPU, batch 1, 128 greedy tokens, both engines
+in one run, alternating (a `tinychat generate`-like loop; load 8-10 from other work): the client
+14.9-19.9 tok/s against the in-process engine thread's 13.1-14.2 (medians 17.1 and 13.7); with
+one BLAS thread, 10.0-11.3 and 9.7-12.0. The boundary costs less than the machine's noise.
 
 Detokenizing and stop strings run in the client (request_state.py): ~4-6 us a token is ~1 ms a
 step at 256 requests that would sit in the core's loop.
