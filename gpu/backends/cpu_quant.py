@@ -4,9 +4,9 @@ A decode step on a CPU is bound by reading the weights. The oracle (`cpu.py`) mu
 float32 copies (4 bytes a weight); here every matrix, the embedding table (the tied LM head)
 included, is quantized once at load into Q8_0 or Q4_1 blocks and multiplied by the Numba
 kernels of gpu/kernels/cpu/quant_gemm.py, which dequantize in registers. Everything else (norms,
-RoPE, paged attention, sampling) is the oracle's own code, so the engine above it (paged KV,
-prefix cache, continuous batching) is the same. The oracle stays float32 and unchanged: every
-kernel here is tested against it.
+RoPE, sampling) is the oracle's own code and paged attention a Numba twin of the oracle's, so
+the engine above it (paged KV, prefix cache, continuous batching) is the same. The oracle stays
+float32 and unchanged: every kernel here is tested against it.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import numpy as np
 from gpu.backends.cpu import CpuBackend
 from gpu.backends.cpu_threads import set_cpu_threads
 from gpu.kernels.cpu import quant_gemm as qg
+from gpu.kernels.cpu.attention import paged_attention
 
 PRECISIONS = ("q8", "q4")  # the quantized CPU paths (float32: the oracle, cpu.py)
 
@@ -97,6 +98,17 @@ class CpuQuantBackend(CpuBackend):
                 in_flight, sampled_prev[np.where(in_flight, prev_rows, 0)], input_ids
             )
         out[...] = table.dequantize_rows(np.asarray(input_ids))
+
+    def attention(
+        self, qkv, k_cache, v_cache, batch, num_heads, num_kv_heads, head_dim, scale, out
+    ) -> None:
+        """One Numba call for the batch (gpu/kernels/cpu/attention.py) instead of the oracle's
+        dozen numpy calls per sequence."""
+        paged_attention(
+            qkv, k_cache, v_cache, batch.query_start_loc, batch.seq_lens, batch.block_tables,
+            num_heads, head_dim, num_heads // num_kv_heads, np.float32(scale),
+            int(batch.max_seq_len), out,
+        )  # fmt: skip
 
     def linear(self, x: np.ndarray, w, out: np.ndarray) -> None:
         if isinstance(w, QuantizedMatrix):
