@@ -245,7 +245,10 @@ def run_server(args: Any, progress: Any = None) -> int:
     from gpu.config import EngineConfig
     from gpu.entrypoints.openai.async_engine import build_engine_client
 
-    config = EngineConfig(max_model_len=getattr(args, "max_model_len", None))
+    config = EngineConfig(
+        max_model_len=getattr(args, "max_model_len", None),
+        precision=getattr(args, "precision", None),
+    )
     engine_process = not getattr(args, "no_engine_process", False)
     client = build_engine_client(
         args.model, args.device, config, progress=progress, engine_process=engine_process
