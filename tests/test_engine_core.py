@@ -23,13 +23,11 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 @pytest.fixture(scope="module")
 def client(default_model_dir: Path):
     stages: list[str] = []
-    client = EngineCoreClient(
+    with EngineCoreClient(
         str(default_model_dir), "cpu", progress=lambda stage, *_: stages.append(stage)
-    )
-    assert "loading weights" in stages  # the build's progress crossed the boundary
-    client.start()
-    yield client
-    client.shutdown()
+    ) as client:
+        assert "loading weights" in stages  # the build's progress crossed the boundary
+        yield client
     assert client.process.returncode == 0  # SHUTDOWN: a clean exit, not a kill
 
 

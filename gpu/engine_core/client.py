@@ -5,6 +5,9 @@
     client.add_request(prompt_ids, params, on_output)  # outputs (DELTA) on the receiver thread
     client.abort(request_id); client.stats(); client.shutdown()
 
+    with EngineCoreClient(device="cpu") as client:  # start() and shutdown() around the block
+        print(client.submit("Hello", SamplingParams(max_tokens=16)).text())
+
 The same calls as `gpu.engine_thread.EngineThread` (chat_app.engine_api's protocol), so the
 app, `tinychat generate` and library code switch by building this instead. `on_output` runs on
 the client's receiver thread, which unpickles each step's message, detokenizes, checks stop
@@ -151,6 +154,14 @@ class EngineCoreClient:
     # --- EngineThread's contract (any thread) ---------------------------------------------
     def start(self) -> None:
         self._receiver.start()
+
+    def __enter__(self) -> EngineCoreClient:
+        """`with EngineCoreClient(...) as client:` starts it, and shuts the core down after."""
+        self.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.shutdown()
 
     def add_request(
         self,
