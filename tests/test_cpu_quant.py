@@ -186,3 +186,35 @@ def test_paged_attention_matches_the_oracle(q_lens):
         qkv, k_cache, v_cache, qsl, ctx, tables, nh, hd, nh // nkv, np.float32(hd**-0.5), 40, got
     )
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_small_ops_match_the_oracle():
+    """RMSNorm, RoPE + KV write (one row skipped by a negative slot) and SiLU-mul against the
+    oracle's numpy ops, on 3 rows of odd widths."""
+    from gpu.rope import rope_cos_sin
+
+    rng = np.random.default_rng(6)
+    quant, oracle = CpuQuantBackend("q8"), CpuBackend()
+    x, w = rng.standard_normal((3, 45)).astype(np.float32), rng.standard_normal(45)
+    got, expected = np.empty_like(x), np.empty_like(x)
+    quant.rmsnorm(x, w.astype(np.float32), 1e-5, got)
+    oracle.rmsnorm(x, w.astype(np.float32), 1e-5, expected)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+    nh, nkv, hd = 3, 1, 10
+    cos, sin = rope_cos_sin(hd, 10000.0, 64, None)
+    qkv = rng.standard_normal((3, (nh + 2 * nkv) * hd)).astype(np.float32)
+    positions, slots = np.array([5, 17, 63], np.int32), np.array([3, -1, 30], np.int32)
+    caches = [np.zeros((2, 16, nkv, hd), np.float32) for _ in range(4)]
+    mine, theirs = qkv.copy(), qkv.copy()
+    quant.rope_kv_write(mine, positions, cos, sin, *caches[:2], slots, nh, nkv, hd)
+    oracle.rope_kv_write(theirs, positions, cos, sin, *caches[2:], slots, nh, nkv, hd)
+    np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(caches[0], caches[2], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(caches[1], caches[3])
+
+    gate_up = rng.standard_normal((3, 2 * 37)).astype(np.float32) * 10
+    got, expected = np.empty((3, 37), np.float32), np.empty((3, 37), np.float32)
+    quant.silu_mul(gate_up, got)
+    oracle.silu_mul(gate_up, expected)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)

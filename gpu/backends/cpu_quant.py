@@ -3,9 +3,10 @@
 A decode step on a CPU is bound by reading the weights. The oracle (`cpu.py`) multiplies
 float32 copies (4 bytes a weight); here every matrix, the embedding table (the tied LM head)
 included, is quantized once at load into Q8_0 or Q4_1 blocks and multiplied by the Numba
-kernels of gpu/kernels/cpu/quant_gemm.py, which dequantize in registers. Everything else (norms,
-RoPE, sampling) is the oracle's own code and paged attention a Numba twin of the oracle's, so
-the engine above it (paged KV, prefix cache, continuous batching) is the same. The oracle stays
+kernels of gpu/kernels/cpu/quant_gemm.py, which dequantize in registers. Norms, RoPE, SiLU and
+paged attention are Numba twins of the oracle's ops (one call each instead of many small numpy
+calls) and sampling is the oracle's own, so the engine above it (paged KV, prefix cache,
+continuous batching) is the same. The oracle stays
 float32 and unchanged: every kernel here is tested against it.
 """
 
@@ -18,6 +19,7 @@ import numpy as np
 
 from gpu.backends.cpu import CpuBackend
 from gpu.backends.cpu_threads import set_cpu_threads
+from gpu.kernels.cpu import elementwise as ew
 from gpu.kernels.cpu import quant_gemm as qg
 from gpu.kernels.cpu.attention import paged_attention
 
@@ -98,6 +100,21 @@ class CpuQuantBackend(CpuBackend):
                 in_flight, sampled_prev[np.where(in_flight, prev_rows, 0)], input_ids
             )
         out[...] = table.dequantize_rows(np.asarray(input_ids))
+
+    def rmsnorm(self, x, weight, eps, out) -> None:
+        ew.rmsnorm(x, weight, np.float32(eps), out)
+
+    def rope_kv_write(
+        self, qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads,
+        num_kv_heads, head_dim,
+    ) -> None:  # fmt: skip
+        ew.rope_kv_write(
+            qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads,
+            num_kv_heads, head_dim,
+        )  # fmt: skip
+
+    def silu_mul(self, gate_up, out) -> None:
+        ew.silu_mul(gate_up, out)
 
     def attention(
         self, qkv, k_cache, v_cache, batch, num_heads, num_kv_heads, head_dim, scale, out
