@@ -279,6 +279,7 @@ def _engine_client(args: argparse.Namespace, folder: str | None):
         max_model_len=args.max_model_len,
         gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.enforce_eager,
+        precision=getattr(args, "precision", None),
     )
     progress = getattr(args, "progress", None)
     client = build_engine_client(folder, args.device, config, progress=progress)
