@@ -340,8 +340,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         from gpu.entrypoints.openai.api_server import run_server
     except ImportError as error:
+        missing = (error.name or "a package").split(".")[0]
         raise RuntimeError(
-            f"tinychat serve needs the server's packages ({error.name} is missing): "
+            f"tinychat serve needs the server's packages ({missing} is missing): "
             "pip install 'tinychat[serve]'"
         ) from None
     return run_server(args, ProgressPrinter())

@@ -284,3 +284,19 @@ def test_metrics_parse_and_count(served: Served):
     itl = "tinychat:inter_token_latency_seconds"
     assert value(itl, itl + "_count") >= 1
     assert 0 <= value("tinychat:kv_cache_usage_perc", "tinychat:kv_cache_usage_perc") <= 1
+
+
+def test_serve_without_the_server_packages_says_what_to_install():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['starlette'] = None\n"
+        "from chat_app.cli import main; sys.exit(main(['serve']))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1
+    assert r.stderr.strip() == (
+        "tinychat: error: tinychat serve needs the server's packages (starlette is missing): "
+        "pip install 'tinychat[serve]'"
+    )
