@@ -2,13 +2,16 @@
 
     python -m gpu.bench.serve_clients spec.json results.json
 
-spec.json: {"url": ".../v1", "api_key": null, "requests": [<a /v1/completions body>, ...]}.
+spec.json: {"url": ".../v1", "api_key": null, "start_at": <time.monotonic()>,
+"requests": [<a /v1/completions body>, ...]}.
 Every request starts at once (each its own connection, as N users would), streams with
 `include_usage`, and records when each text chunk arrived. The results hold, per request, the
 time to the first chunk, the chunks' arrival times, the text and the server's usage.
 
-It runs in a process of its own so that its own Python (parsing N streams of events) never
-competes with the server's event loop for a GIL, as real clients on other machines would not.
+It runs in processes of their own (the bench splits the clients among several, all starting
+at one `start_at`), so that the clients' Python (parsing N streams of events) neither competes
+with the server's event loop for a GIL nor runs out of one core, as real clients on other
+machines would not.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import httpx
 
 async def _one(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> dict[str, Any]:
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-    start = time.perf_counter()
+    start = time.monotonic()
     times: list[float] = []
     parts: list[str] = []
     usage: dict[str, Any] = {}
@@ -48,7 +51,7 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> dic
                     choices = event.get("choices") or []
                     text = choices[0].get("text") if choices else ""
                     if text:
-                        times.append(time.perf_counter())
+                        times.append(time.monotonic())
                         parts.append(text)
                     if event.get("usage"):
                         usage = event["usage"]
@@ -65,13 +68,16 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> dic
 
 
 async def run_clients(spec: dict[str, Any]) -> dict[str, Any]:
+    """Every request at `start_at` (time.monotonic, the same clock in every process on the
+    machine), times relative to it."""
     requests = spec["requests"]
     headers = {"Authorization": f"Bearer {spec['api_key']}"} if spec.get("api_key") else {}
     limits = httpx.Limits(max_connections=len(requests) + 8, max_keepalive_connections=0)
     async with httpx.AsyncClient(headers=headers, limits=limits, timeout=None) as client:
-        t0 = time.perf_counter()
+        t0 = spec.get("start_at") or time.monotonic()
+        await asyncio.sleep(max(0.0, t0 - time.monotonic()))
         results = await asyncio.gather(*(_one(client, spec["url"], r) for r in requests))
-        t1 = time.perf_counter()
+        t1 = time.monotonic()
     for r in results:  # times relative to the start of the run
         r["start"] -= t0
         r["times"] = [t - t0 for t in r["times"]]
