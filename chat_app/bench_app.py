@@ -24,7 +24,8 @@ Each run reports the tokens received over the wall time from queuing the first r
 last token received (tok/s), and the gaps between arrivals of new tokens at each tab's sink,
 pooled over the tabs (p50, p99; tokens that arrive together count once): for the app that is
 the pane, on the UI thread, where a frame's coalesced tokens arrive; with no app it is the
-engine's output callback, a token a step. `x engine` is a run's tok/s over the engine run's.
+engine's output callback, a token a step. `x engine` is a run's tok/s over the engine run's;
+CPU is this process's CPU seconds per second of the run (with the core, the app's own cost).
 """
 
 from __future__ import annotations
@@ -87,6 +88,9 @@ class RunResult:
     gap_max_ms: float
     tokens_per_arrival: float  # > 1 where a frame coalesces tokens
     ttft_p50_ms: float
+    # CPU seconds this process used per second of the run (all its threads): with no app,
+    # the engine thread's or the core client's; with the app, the UI's on top.
+    process_cpu: float = 0.0
     x_engine: float | None = None
 
 
@@ -97,16 +101,19 @@ class Arrivals:
     def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self.clock = clock
         self.start = 0.0
+        self._cpu_start = 0.0
         self._by_tab: dict[str, list[tuple[float, int]]] = {}
 
     def begin(self) -> None:
         self.start = self.clock()
+        self._cpu_start = time.process_time()
 
     def record(self, tab: str, num_tokens: int) -> None:
         if num_tokens:
             self._by_tab.setdefault(tab, []).append((self.clock(), num_tokens))
 
     def result(self, run: str, tabs: int, requested: int) -> RunResult:
+        cpu = time.process_time() - self._cpu_start
         tokens = sum(n for arrivals in self._by_tab.values() for _, n in arrivals)
         ends = [arrivals[-1][0] for arrivals in self._by_tab.values()]
         wall = max(ends) - self.start if ends else 0.0
@@ -129,6 +136,7 @@ class Arrivals:
             gap_max_ms=1e3 * max(gaps, default=0.0),
             tokens_per_arrival=tokens / count if count else 0.0,
             ttft_p50_ms=1e3 * _percentile(firsts, 50),
+            process_cpu=cpu / wall if wall > 0 else 0.0,
         )
 
 
@@ -269,6 +277,7 @@ async def _run_app(work: FixedWork, tabs: int, run: str) -> RunResult:
                 for pane, prompt in zip(panes, prompts_for(tabs), strict=True):
                     await pane.send(prompt)
                 await _until(lambda: not any(pane.replying for pane in panes), timeout=3600)
+                result = arrivals.result(run, tabs, tabs * work.max_tokens)
                 failed = [
                     m.error for p in panes for m in p.session.messages if m.finish_reason == "error"
                 ]
@@ -277,7 +286,7 @@ async def _run_app(work: FixedWork, tabs: int, run: str) -> RunResult:
                 await app.action_quit()
         finally:
             store.close()
-    return arrivals.result(run, tabs, tabs * work.max_tokens)
+    return result
 
 
 async def _until(condition: Callable[[], bool], timeout: float = 600.0) -> None:
@@ -447,14 +456,14 @@ def print_report(report: dict[str, Any]) -> None:
     )
     print(
         f"{'run':<10}{'tok/s':>9}{'x engine':>10}{'gap p50 ms':>12}{'gap p99 ms':>12}"
-        f"{'gap max ms':>12}{'tok/arrival':>13}{'TTFT ms':>9}"
+        f"{'gap max ms':>12}{'tok/arrival':>13}{'TTFT ms':>9}{'CPU':>6}"
     )
     for r in report["runs"]:
         ratio = f"{r['x_engine']:.2f}x" if r["x_engine"] is not None else ""
         print(
             f"{r['run']:<10}{r['tok_s']:>9.1f}{ratio:>10}{r['gap_p50_ms']:>12.2f}"
             f"{r['gap_p99_ms']:>12.2f}{r['gap_max_ms']:>12.1f}{r['tokens_per_arrival']:>13.2f}"
-            f"{r['ttft_p50_ms']:>9.1f}"
+            f"{r['ttft_p50_ms']:>9.1f}{r['process_cpu']:>6.2f}"
         )
     short = [r["run"] for r in report["runs"] if r["tokens"] != r["tokens_requested"]]
     if short:

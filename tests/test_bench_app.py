@@ -29,6 +29,7 @@ def test_bench_app_runs_the_engine_and_the_app_and_writes_sane_json(tmp_path: Pa
         assert r["tok_s"] > 0 and r["wall_s"] > 0
         assert 0 < r["gap_p50_ms"] <= r["gap_p99_ms"] <= r["gap_max_ms"]
         assert r["tokens_per_arrival"] >= 1
+        assert r["process_cpu"] > 0
     assert runs["engine"]["x_engine"] == 1.0
     assert runs["engine"]["tokens_per_arrival"] == 1  # the engine's callback: a token a step
     assert runs["app"]["x_engine"] == runs["app"]["tok_s"] / runs["engine"]["tok_s"]
