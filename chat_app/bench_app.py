@@ -16,9 +16,10 @@ The app runs headless (Textual's `run_test` at 160x50): the same widgets, layout
 as on a terminal, only the final write to the terminal is skipped. The last tab opened is the
 one shown, as when a user watches one tab while the others stream. The core runs go first:
 their process has the device to itself, then exits before this process builds its engine.
-With --config, the random weights are written to a model folder once, with a byte-level
-tokenizer and a ChatML template (the app needs a chat template, and the core loads a model by
-path), and every run loads that folder: the same weights, the same sampling work.
+With --config, the random weights are written to a model folder once, with a tokenizer that
+decodes every id to a word (one in 64 opens a paragraph) and the built-in ChatML template (the
+app needs text to render and a chat template, and the core loads a model by path), and every
+run loads that folder: the same weights, the same sampling work.
 
 Each run reports the tokens received over the wall time from queuing the first request to the
 last token received (tok/s), and the gaps between arrivals of new tokens at each tab's sink,
@@ -81,6 +82,7 @@ class RunResult:
     tabs: int
     tokens: int  # received, over every tab
     tokens_requested: int
+    chars: int  # of text received: what the app had to render
     wall_s: float  # first request queued -> last token received
     tok_s: float
     gap_p50_ms: float
@@ -103,12 +105,14 @@ class Arrivals:
         self.start = 0.0
         self._cpu_start = 0.0
         self._by_tab: dict[str, list[tuple[float, int]]] = {}
+        self.chars = 0
 
     def begin(self) -> None:
         self.start = self.clock()
         self._cpu_start = time.process_time()
 
-    def record(self, tab: str, num_tokens: int) -> None:
+    def record(self, tab: str, num_tokens: int, text: str) -> None:
+        self.chars += len(text)
         if num_tokens:
             self._by_tab.setdefault(tab, []).append((self.clock(), num_tokens))
 
@@ -129,6 +133,7 @@ class Arrivals:
             tabs=tabs,
             tokens=tokens,
             tokens_requested=requested,
+            chars=self.chars,
             wall_s=wall,
             tok_s=tokens / wall if wall > 0 else 0.0,
             gap_p50_ms=1e3 * _percentile(gaps, 50),
@@ -206,7 +211,12 @@ def run_engine_alone(work: FixedWork, tabs: int, run: str) -> RunResult:
 
     def sink(tab: str) -> Callable[[RequestOutput], None]:
         def on_output(output: RequestOutput) -> None:
-            arrivals.record(tab, len(output.outputs[0].token_ids) if output.outputs else 0)
+            completion = output.outputs[0] if output.outputs else None
+            arrivals.record(
+                tab,
+                len(completion.token_ids) if completion else 0,
+                completion.text if completion else "",
+            )
             if output.finished:
                 if output.error:
                     errors.append(output.error)
@@ -269,7 +279,7 @@ async def _run_app(work: FixedWork, tabs: int, run: str) -> RunResult:
                     receive = pane.on_stream_update
 
                     async def timed(update: StreamUpdate, tab=pane.id, receive=receive) -> None:
-                        arrivals.record(tab or "", update.num_tokens)
+                        arrivals.record(tab or "", update.num_tokens, update.text)
                         await receive(update)
 
                     pane.on_stream_update = timed  # type: ignore[method-assign]
@@ -357,20 +367,45 @@ def _engine_config(args: argparse.Namespace):
 
 def random_model_folder(config_name: str, layers: int | None) -> Path:
     """--config's random weights as a model folder, written once and reused: the app needs
-    the folder's tokenizer and chat template, the engine core loads a model by path, and every
-    run must run the same weights (how flat the logits are sets how much work top-p does)."""
+    a tokenizer and a chat template, the engine core loads a model by path, and every run
+    must run the same weights (how flat the logits are sets how much work top-p does)."""
     from gpu.presets import preset_config
     from weights.random_model import write_random_model
 
     overrides = {"num_hidden_layers": layers} if layers else {}
-    name = f"tinychat-bench-{config_name}" + (f"-{layers}-layers" if layers else "")
+    config = preset_config(config_name, **overrides)
+    name = f"tinychat-bench-app-{config_name}" + (f"-{layers}-layers" if layers else "")
     folder = Path(tempfile.gettempdir()) / name
     done = folder / ".complete"
     if not done.exists():
         print(f"writing {config_name}'s random weights to {folder} (once)...", flush=True)
-        write_random_model(folder, preset_config(config_name, **overrides), seed=0)
+        write_random_model(folder, config, seed=0)
+        paragraph_tokenizer(config.vocab_size).save(str(folder / "tokenizer.json"))
+        # No special tokens: the app's chat template is the built-in ChatML one, and the
+        # requests ignore the end of sequence.
+        (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": None}))
         done.touch()
     return folder
+
+
+def paragraph_tokenizer(vocab_size: int, paragraph: int = 64) -> Any:
+    """A tokenizer whose every id decodes to a word of its own, one id in `paragraph` to a
+    word that opens a new paragraph: random weights pick ids all over the vocabulary, and a
+    byte-level tokenizer would decode nearly all of them to nothing, leaving the app no text
+    to render. Words are three letters and digits and a number, joined by spaces."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+    vocab = {}
+    for i in range(vocab_size):
+        a, rest = divmod(i, len(alphabet) ** 2)
+        b, c = divmod(rest, len(alphabet))
+        word = f"{alphabet[a % len(alphabet)]}{alphabet[b]}{alphabet[c]}{a // len(alphabet)}"
+        vocab["\n\n" + word if i % paragraph == paragraph - 1 else word] = i
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="aaa0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # words, spaces between
+    return tokenizer
 
 
 def _core_available() -> bool:

@@ -15,21 +15,22 @@ from chat_app.cli import build_parser
 def test_bench_app_runs_the_engine_and_the_app_and_writes_sane_json(tmp_path: Path) -> None:
     out = tmp_path / "app.json"
     args = build_parser().parse_args(
-        ["bench", "app", "--device", "cpu", "--tabs", "2", "--new-tokens", "12"]
+        ["bench", "app", "--device", "cpu", "--tabs", "2", "--new-tokens", "64"]
         + ["--runs", "engine,app", "--json", str(out)]
     )
     assert run_bench_app(args, build=lambda _: (tiny_engine(), "tiny-random")) == 0
     report = json.loads(out.read_text())
-    assert report["tabs"] == 2 and report["new_tokens"] == 12
+    assert report["tabs"] == 2 and report["new_tokens"] == 64
     assert report["sampling"] == "temperature 0.7, top-p 0.9, repetition penalty 1.1"
     runs = {r["run"]: r for r in report["runs"]}
     assert list(runs) == ["engine", "app"]
     for r in runs.values():
-        assert r["tokens"] == r["tokens_requested"] == 24  # ignore_eos: the same work each run
+        assert r["tokens"] == r["tokens_requested"] == 128  # ignore_eos: the same work each run
         assert r["tok_s"] > 0 and r["wall_s"] > 0
         assert 0 < r["gap_p50_ms"] <= r["gap_p99_ms"] <= r["gap_max_ms"]
         assert r["tokens_per_arrival"] >= 1
         assert r["process_cpu"] > 0
+        assert r["chars"] > 0  # text to render, not only ids
     assert runs["engine"]["x_engine"] == 1.0
     assert runs["engine"]["tokens_per_arrival"] == 1  # the engine's callback: a token a step
     assert runs["app"]["x_engine"] == runs["app"]["tok_s"] / runs["engine"]["tok_s"]
