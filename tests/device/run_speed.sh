@@ -109,9 +109,9 @@ took() { echo "   ($(( SECONDS - $1 )) s)"; }
   # folder (~2.5 GB, once) that the engine core and this process both load.
   if [ -z "${SKIP_APP:-}" ]; then
     for tabs in ${APP_TABS:-1 8}; do
-      echo "== bench app llama-3.2-1b, $tabs tab(s), the app's sampling, 256 new tokens each"
+      echo "== bench app llama-3.2-1b, $tabs tab(s), the app's sampling, 512 new tokens each"
       t=$SECONDS
-      timeout "${T_APP:-240}" $BENCH app --config llama-3.2-1b --tabs "$tabs" --new-tokens 256 \
+      timeout "${T_APP:-240}" $BENCH app --config llama-3.2-1b --tabs "$tabs" --new-tokens 512 \
         --json "$OUT/bench_app_$tabs.json" 2>&1 | tail -7
       took $t
     done
