@@ -218,3 +218,24 @@ def test_small_ops_match_the_oracle():
     quant.silu_mul(gate_up, got)
     oracle.silu_mul(gate_up, expected)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_cpu_paths_table(capsys, tmp_path, monkeypatch):
+    """The bench's cpu comparison prints every path's rows and the batch ratio; without
+    llama_cpp it says so (llama.cpp is a bench-only import)."""
+    import sys
+
+    from gpu.bench.cpu_paths import print_cpu_paths, run_llama_cpp
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # as if not installed
+    assert run_llama_cpp(tmp_path / "m.gguf", 2, 8, 8) is None
+    paths = {
+        "q8": {"load_s": 1.0, "tok_s": {1: 30.0, 8: 120.0}},
+        "float32": {"load_s": 1.0, "tok_s": {1: 25.0, 8: 50.0}},
+    }
+    print_cpu_paths({"threads": 2, "paths": paths})
+    text = capsys.readouterr().out
+    assert "q8" in text and "4.00x" in text and "2.00x" in text
+    assert "llama.cpp: not measured" in text
+    print_cpu_paths({"threads": 2, "paths": paths, "llama_cpp": {"tok_s_b1": 60.0, "version": "x"}})
+    assert "q8 b1 / llama.cpp b1: 0.50x" in capsys.readouterr().out
