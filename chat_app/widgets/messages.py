@@ -67,6 +67,7 @@ class AssistantReply(Vertical):
     """
 
     _part: Markdown  # the last part, the one that grows (set by compose)
+    _ending: Static  # how the reply ended, under the parts (set by compose)
 
     def __init__(self, message: ChatMessage) -> None:
         super().__init__()
@@ -83,8 +84,9 @@ class AssistantReply(Vertical):
         # session before it appends here), so the document starts from it, held text and all.
         self._held.clear()
         self._part = Markdown(self.message.content or None)
+        self._ending = Static("", classes="ending", markup=False)
         yield self._part
-        yield Static("", classes="ending", markup=False)
+        yield self._ending
 
     @property
     def parts(self) -> list[Markdown]:
@@ -151,7 +153,7 @@ class AssistantReply(Vertical):
         self._part.styles.margin = (0, 0, 1, 0)
         self._part = Markdown()
         self._part_text = ""
-        await self.mount(self._part, before=self.query_one(".ending"))
+        await self.mount(self._part, before=self._ending)
 
     async def _stop_stream(self) -> None:
         if self._stream is not None:
@@ -165,7 +167,8 @@ class AssistantReply(Vertical):
             self._set_ending(_ENDINGS.get(finish_reason, ""), None)
 
     def _set_ending(self, text: str, kind: str | None) -> None:
-        ending = self.query_one(".ending", Static)
+        # Held, not queried: an update may reach a reply as it leaves the screen.
+        ending = self._ending
         ending.update(text)
         ending.display = bool(text)
         ending.set_class(kind == "error", "error")
