@@ -1,7 +1,7 @@
 """The engine as the app sees it: the few attributes and calls the UI may use, and no more.
 
 These protocols are the whole contract between `chat_app` and `gpu`. The real
-`gpu.engine_thread.EngineThread` and the test double in `chat_app.testing` both satisfy them;
+`gpu.engine_thread.EngineThread` and the test double in `tests/app_doubles.py` both satisfy them;
 nothing in the app reaches past them (no kernels, no KV layout, no scheduler).
 """
 

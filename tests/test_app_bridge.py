@@ -5,9 +5,9 @@ from __future__ import annotations
 import threading
 
 import pytest
+from app_doubles import FakeEngine, FakeEngineThread
 
 from chat_app.bridge import OutputBridge, OutputsReady
-from chat_app.testing import FakeEngine, FakeEngineThread
 from gpu.outputs import CompletionOutput, RequestOutput
 from gpu.sampling_params import SamplingParams
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from chat_app.session import ChatSettings
-from chat_app.testing import (
+from app_doubles import (
     FakeEngine,
     FakeEngineThread,
     async_test,
@@ -20,6 +19,8 @@ from chat_app.testing import (
     type_text,
     wait_until,
 )
+
+from chat_app.session import ChatSettings
 from chat_app.widgets.chat_pane import ChatPane
 from chat_app.widgets.messages import AssistantReply, Notice, UserMessage
 

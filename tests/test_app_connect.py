@@ -10,12 +10,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from app_doubles import async_test, paste_text, wait_until
 
 from chat_app.app import TinyChatApp
 from chat_app.history import HistoryStore
 from chat_app.remote_engine import base_url, connect, parse_metrics
 from chat_app.session import ChatSettings
-from chat_app.testing import async_test, paste_text, wait_until
 from gpu.config import EngineConfig
 from gpu.entrypoints.openai.api_server import ServerThread, build_app
 from gpu.entrypoints.openai.async_engine import build_engine_client

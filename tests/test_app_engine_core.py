@@ -7,13 +7,13 @@ import signal
 from pathlib import Path
 
 import pytest
+from app_doubles import async_test, wait_until
 from textual.widgets import Static
 
 from chat_app.app import TinyChatApp
 from chat_app.history import HistoryStore
 from chat_app.launch import engine_factory
 from chat_app.session import ChatSettings
-from chat_app.testing import async_test, wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from app_doubles import async_test, open_tab, paste_text, wait_until
 
 from chat_app.app import TinyChatApp
 from chat_app.history import HistoryStore
 from chat_app.launch import engine_factory
 from chat_app.session import ChatSettings
-from chat_app.testing import async_test, open_tab, paste_text, wait_until
 
 pytestmark = pytest.mark.slow
 

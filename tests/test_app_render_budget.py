@@ -13,13 +13,13 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from app_doubles import FakeEngine, async_test, fake_app, open_tab, paste_text, wait_until
 from markdown_it import MarkdownIt
 from textual.app import App, ComposeResult
 from textual.widgets import Markdown
 
 from chat_app.bridge import DEFAULT_FPS
 from chat_app.session import ChatMessage
-from chat_app.testing import FakeEngine, async_test, fake_app, open_tab, paste_text, wait_until
 from chat_app.widgets.messages import PART_CHARS, AssistantReply, part_break
 
 

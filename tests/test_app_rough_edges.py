@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from app_doubles import FakeEngine, async_test, fake_app, paste_text, wait_until
 from rich.cells import cell_len
 from textual.geometry import Region
 from textual.widget import Widget
@@ -16,7 +17,6 @@ from textual.widgets._toast import Toast
 
 from chat_app.history import HistoryStore
 from chat_app.session import ChatSession, ChatSettings
-from chat_app.testing import FakeEngine, async_test, fake_app, paste_text, wait_until
 from chat_app.widgets.status_bar import Field, Group, StatusBar, fit_groups
 
 

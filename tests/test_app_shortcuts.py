@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from app_doubles import FakeEngine, async_test, fake_app, open_tab, paste_text, wait_until
 from rich.table import Table
 from textual.command import CommandPalette
 from textual.widgets import Static
@@ -12,7 +13,6 @@ from chat_app.commands import ChatCommands
 from chat_app.help_screen import HelpScreen
 from chat_app.history import HistoryStore
 from chat_app.settings_screen import SettingsScreen
-from chat_app.testing import FakeEngine, async_test, fake_app, open_tab, paste_text, wait_until
 from chat_app.widgets.chat_pane import ChatPane
 
 SIZE = (100, 32)

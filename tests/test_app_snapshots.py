@@ -9,13 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from app_doubles import FakeEngine, fake_app, open_tab, paste_text, wait_until
 from textual.widgets import TextArea
 
 from chat_app.app import TinyChatApp
 from chat_app.history import HistoryStore
 from chat_app.keymap import load_keymap
 from chat_app.session import ChatSession, ChatSettings
-from chat_app.testing import FakeEngine, fake_app, open_tab, paste_text, wait_until
 from chat_app.widgets.chat_pane import ChatPane
 
 SIZE = (100, 30)

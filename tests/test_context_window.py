@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from app_doubles import FakeEngine, FakeTokenizer, async_test, fake_app, paste_text, wait_until
+
 from chat_app.context_window import Chat, fit_chat, reply_room
 from chat_app.session import ChatSettings
-from chat_app.testing import FakeEngine, FakeTokenizer, async_test, fake_app, paste_text, wait_until
 from chat_app.widgets.messages import Notice
 
 TOKENIZER = FakeTokenizer()

@@ -7,10 +7,10 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from app_doubles import async_test, fake_app, open_tab, paste_text, wait_until
 
 from chat_app import history
 from chat_app.session import ChatSettings
-from chat_app.testing import async_test, fake_app, open_tab, paste_text, wait_until
 from chat_app.widgets.messages import AssistantReply, UserMessage
 
 SIZE = (100, 32)
