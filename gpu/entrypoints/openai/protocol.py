@@ -128,6 +128,9 @@ class _SamplingRequest(_Request):
     min_tokens: int = 0
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
+    # vLLM's: the prompt's and the reply's token ids beside the text (streamed: the prompt's in
+    # the first chunk, each chunk's new ids in its choice's `token_ids`)
+    return_token_ids: bool | None = None
 
 
 class ChatCompletionRequest(_SamplingRequest):

@@ -32,22 +32,39 @@ def sse(payload: dict[str, Any]) -> bytes:
     )
 
 
-def sse_text_template(payload: dict[str, Any], path: tuple[Any, ...]) -> Callable[[str], bytes]:
-    """The hot path's event, one per token per stream: `payload` is serialized once with a
-    placeholder at `path` (keys and indexes), and each call puts only the text in (a third of
-    the time of serializing the whole object every token)."""
-    node: Any = payload
-    for key in path[:-1]:
-        node = node[key]
-    node[path[-1]] = _PLACEHOLDER
+def sse_template(payload: dict[str, Any], *paths: tuple[Any, ...]) -> Callable[..., bytes]:
+    """The hot path's event, one per stream per engine step: `payload` is serialized once
+    with a placeholder at each path (keys and indexes), and each call serializes only the
+    values put there (a third of the time of serializing the whole object every event). The
+    bytes are those `sse(payload)` would give with the values in place."""
+    marks = [f"\x00{i}\x00" for i in range(len(paths))]
+    for path, mark in zip(paths, marks, strict=True):
+        node: Any = payload
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = mark
     text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-    before, after = text.split(json.dumps(_PLACEHOLDER), 1)
-    head, tail = b"data: " + before.encode(), after.encode() + b"\n\n"
+    parts = []
+    for mark in marks:
+        before, text = text.split(json.dumps(mark), 1)
+        parts.append(before.encode())
+    head, tail = b"data: " + parts[0], text.encode() + b"\n\n"
     dumps = json.dumps
-    return lambda piece: head + dumps(piece, ensure_ascii=False).encode() + tail
+    if len(paths) == 1:
+        return lambda value: (
+            head + dumps(value, ensure_ascii=False, separators=(",", ":")).encode() + tail
+        )
+    middles = parts[1:]
 
+    def event(*values: Any) -> bytes:
+        out = [head, dumps(values[0], ensure_ascii=False, separators=(",", ":")).encode()]
+        for middle, value in zip(middles, values[1:], strict=True):
+            out.append(middle)
+            out.append(dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+        out.append(tail)
+        return b"".join(out)
 
-_PLACEHOLDER = "\x00text\x00"
+    return event
 
 
 class OpenAIServing:
@@ -131,31 +148,55 @@ class OpenAIServing:
     ) -> AsyncIterator[list[RequestOutput]]:
         """The engine's outputs for one request, timed into the metrics and counted into
         `usage`; leaving early aborts the request."""
-        metrics = self.metrics
-        start = last = time.monotonic()
-        usage.prompt_tokens = len(prompt_ids)
-        metrics.prompt_tokens.inc(len(prompt_ids))
-        finish_reason = "abort"
+        timer = RequestTimer(self.metrics, usage, len(prompt_ids))
         try:
             async with aclosing(self.engine.generate(prompt_ids, params, request_id)) as stream:
                 async for batch in stream:
-                    new = sum(len(o.outputs[0].token_ids) for o in batch if o.outputs)
-                    if new:
-                        now = time.monotonic()
-                        if usage.completion_tokens == 0:
-                            metrics.time_to_first_token.observe(now - start)
-                        else:
-                            metrics.inter_token_latency.observe((now - last) / new)
-                        last = now
-                        usage.completion_tokens += new
-                        metrics.generation_tokens.inc(new)
-                    final = batch[-1]
-                    if final.finished:
-                        usage.cached_tokens = final.num_cached_tokens
-                        finish_reason = final.outputs[0].finish_reason or "stop"
+                    timer.count(batch)
                     yield batch
         finally:
-            metrics.request_finished(finish_reason, time.monotonic() - start)
+            timer.finish()
+
+
+class RequestTimer:
+    """One request's tokens counted into `usage` and the metrics as its batches arrive: a
+    plain call per batch, so that a stream's loop is one async generator deep."""
+
+    __slots__ = ("metrics", "usage", "start", "last", "finish_reason")
+
+    def __init__(self, metrics: ServerMetrics, usage: Usage, prompt_len: int) -> None:
+        self.metrics, self.usage = metrics, usage
+        self.start = self.last = time.monotonic()
+        self.finish_reason = "abort"
+        usage.prompt_tokens = prompt_len
+        metrics.prompt_tokens.inc(prompt_len)
+
+    def count(self, batch: list[RequestOutput]) -> None:
+        if len(batch) == 1:
+            outputs = batch[0].outputs
+            new = len(outputs[0].token_ids) if outputs else 0
+        else:
+            new = sum(len(o.outputs[0].token_ids) for o in batch if o.outputs)
+        usage, metrics = self.usage, self.metrics
+        if new:
+            now = time.monotonic()
+            if usage.completion_tokens == 0:
+                metrics.time_to_first_token.observe(now - self.start)
+            else:
+                metrics.inter_token_latency.observe((now - self.last) / new, new)
+            self.last = now
+            usage.completion_tokens += new
+            metrics.generation_tokens.inc(new)
+        final = batch[-1]
+        if final.finished:
+            usage.cached_tokens = final.num_cached_tokens
+            self.finish_reason = (final.outputs[0].finish_reason if final.outputs else None) or (
+                "stop"
+            )
+
+    def finish(self) -> None:
+        """The request has left (finished, failed, or its client disconnected)."""
+        self.metrics.request_finished(self.finish_reason, time.monotonic() - self.start)
 
 
 @dataclass
@@ -178,6 +219,7 @@ class Collected:
     """A whole reply, gathered for a non-streaming answer."""
 
     text: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     error: str | None = None
@@ -185,6 +227,7 @@ class Collected:
     def add(self, output: RequestOutput) -> None:
         completion = output.outputs[0]
         self.text.append(completion.text)
+        self.token_ids += completion.token_ids
         if output.finished:
             self.finish_reason = completion.finish_reason
             self.stop_reason = completion.stop_reason

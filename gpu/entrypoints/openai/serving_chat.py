@@ -12,11 +12,12 @@ from gpu.entrypoints.openai.serving import (
     SSE_DONE,
     Collected,
     OpenAIServing,
+    RequestTimer,
     Usage,
     error_event,
     finish_reason,
     sse,
-    sse_text_template,
+    sse_template,
 )
 
 
@@ -67,7 +68,7 @@ class OpenAIServingChat(OpenAIServing):
             "finish_reason": finish_reason(reply.finish_reason),
             "stop_reason": reply.stop_reason,
         }
-        return {
+        response = {
             "id": request_id,
             "object": "chat.completion",
             "created": int(time.time()),
@@ -75,6 +76,10 @@ class OpenAIServingChat(OpenAIServing):
             "choices": [choice],
             "usage": usage.body(),
         }
+        if request.return_token_ids:
+            choice["token_ids"] = reply.token_ids
+            response["prompt_token_ids"] = prompt_ids
+        return response
 
     async def stream(self, request: ChatCompletionRequest) -> AsyncIterator[bytes]:
         """Checks the request first (raising OpenAIError before any byte is sent), then
@@ -84,8 +89,13 @@ class OpenAIServingChat(OpenAIServing):
         return self._events(request, prompt_ids, params)
 
     async def _events(self, request: ChatCompletionRequest, prompt_ids, params):
+        """The role first, then one event per engine batch that brought text, then the finish
+        reason; with return_token_ids the first event carries the prompt's ids (at the top, as
+        vLLM's) and every later one its choice's new `token_ids`. What one batch makes goes
+        out in one write."""
         request_id = self.engine.new_request_id("chatcmpl")
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
+        with_ids = bool(request.return_token_ids)
         head = {
             "id": request_id,
             "object": "chat.completion.chunk",
@@ -95,35 +105,65 @@ class OpenAIServingChat(OpenAIServing):
         if include_usage:
             head["usage"] = None
 
-        def chunk(delta: dict[str, Any], reason: str | None = None, stop=None) -> bytes:
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+        def choice(delta: dict[str, Any], ids: list[int], reason=None, stop=None):
+            out = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
             if reason is not None:
-                choice["stop_reason"] = stop
-            return sse({**head, "choices": [choice]})
+                out["stop_reason"] = stop
+            if with_ids:
+                out["token_ids"] = ids
+            return out
 
-        content = {"index": 0, "delta": {"content": ""}, "logprobs": None, "finish_reason": None}
-        text_chunk = sse_text_template(
-            {**head, "choices": [content]}, ("choices", 0, "delta", "content")
-        )
+        def chunk(delta: dict[str, Any], ids: list[int], reason=None, stop=None) -> bytes:
+            return sse({**head, "choices": [choice(delta, ids, reason, stop)]})
+
+        paths = [("choices", 0, "delta", "content")]
+        if with_ids:
+            paths.append(("choices", 0, "token_ids"))
+        text_chunk = sse_template({**head, "choices": [choice({"content": ""}, [])]}, *paths)
         usage = Usage()
-        yield chunk({"role": "assistant", "content": ""})
-        async with aclosing(self.outputs(prompt_ids, params, request_id, usage)) as stream:
-            async for batch in stream:
-                text = "".join(o.outputs[0].text for o in batch if o.outputs)
-                final = batch[-1]
-                if text:
-                    yield text_chunk(text)
-                if final.finished:
+        role = choice({"role": "assistant", "content": ""}, [])
+        if with_ids:
+            yield sse({**head, "prompt_token_ids": prompt_ids, "choices": [role]})
+        else:
+            yield sse({**head, "choices": [role]})
+        timer = RequestTimer(self.metrics, usage, len(prompt_ids))
+        try:
+            stream = self.engine.generate(prompt_ids, params, request_id)
+            async with aclosing(stream):
+                async for batch in stream:
+                    timer.count(batch)
+                    if len(batch) == 1:
+                        completion = batch[0].outputs[0]
+                        text, ids = completion.text, completion.token_ids
+                    else:
+                        text = "".join(o.outputs[0].text for o in batch)
+                        ids = [t for o in batch for t in o.outputs[0].token_ids]
+                    final = batch[-1]
+                    if not final.finished:
+                        if with_ids:
+                            if text or ids:
+                                yield text_chunk(text, ids)
+                        elif text:
+                            yield text_chunk(text)
+                        continue
+                    events = []
+                    if text:
+                        events.append(text_chunk(text, ids) if with_ids else text_chunk(text))
+                        ids = []
                     error = error_event(final)
                     if error is not None:
-                        yield error
-                        yield SSE_DONE
+                        yield b"".join([*events, error, SSE_DONE])
                         return
                     completion = final.outputs[0]
-                    yield chunk({}, finish_reason(completion.finish_reason), completion.stop_reason)
-        if include_usage:
-            yield sse({**head, "choices": [], "usage": usage.body()})
-        yield SSE_DONE
+                    reason = finish_reason(completion.finish_reason)
+                    events.append(chunk({}, ids, reason, completion.stop_reason))
+                    if include_usage:
+                        events.append(sse({**head, "choices": [], "usage": usage.body()}))
+                    events.append(SSE_DONE)
+                    yield b"".join(events)
+                    return
+        finally:
+            timer.finish()
 
 
 def _plain_message(index: int, message) -> dict[str, str]:

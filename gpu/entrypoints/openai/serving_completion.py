@@ -17,11 +17,12 @@ from gpu.entrypoints.openai.serving import (
     SSE_DONE,
     Collected,
     OpenAIServing,
+    RequestTimer,
     Usage,
     error_event,
     finish_reason,
     sse,
-    sse_text_template,
+    sse_template,
 )
 
 
@@ -74,6 +75,8 @@ class OpenAIServingCompletion(OpenAIServing):
             "finish_reason": finish_reason(reply.finish_reason),
             "stop_reason": reply.stop_reason,
         }
+        if request.return_token_ids:
+            choice.update(prompt_token_ids=prompt_ids, token_ids=reply.token_ids)
         return {
             "id": request_id,
             "object": "text_completion",
@@ -89,8 +92,12 @@ class OpenAIServingCompletion(OpenAIServing):
         return self._events(request, prompt_ids, params)
 
     async def _events(self, request: CompletionRequest, prompt_ids, params):
+        """One event per engine batch that brought text (its tokens' text joined), the last
+        one with the finish reason; with return_token_ids each carries its new ids too, and
+        the first the prompt's. What one batch makes goes out in one write."""
         request_id = self.engine.new_request_id("cmpl")
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
+        with_ids = bool(request.return_token_ids)
         head = {
             "id": request_id,
             "object": "text_completion",
@@ -100,38 +107,64 @@ class OpenAIServingCompletion(OpenAIServing):
         if include_usage:
             head["usage"] = None
 
-        def chunk(text: str, reason: str | None = None, stop=None) -> bytes:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        def choice(text: str, ids: list[int], reason=None, stop=None) -> dict[str, Any]:
+            out = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
             if reason is not None:
-                choice["stop_reason"] = stop
-            return sse({**head, "choices": [choice]})
+                out["stop_reason"] = stop
+            if with_ids:
+                out["token_ids"] = ids
+            return out
 
-        text_chunk = sse_text_template(
-            {
-                **head,
-                "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": None}],
-            },
-            ("choices", 0, "text"),
-        )
+        def chunk(text: str, ids: list[int], reason=None, stop=None) -> bytes:
+            return sse({**head, "choices": [choice(text, ids, reason, stop)]})
+
+        paths = [("choices", 0, "text")] + ([("choices", 0, "token_ids")] if with_ids else [])
+        text_chunk = sse_template({**head, "choices": [choice("", [])]}, *paths)
+        first = with_ids  # the first event carries the prompt's ids
         usage = Usage()
-        async with aclosing(self.outputs(prompt_ids, params, request_id, usage)) as stream:
-            async for batch in stream:
-                text = "".join(o.outputs[0].text for o in batch if o.outputs)
-                final = batch[-1]
-                if final.finished:
-                    error = error_event(final)
-                    if error is not None:
-                        if text:
-                            yield text_chunk(text)
-                        yield error
-                        yield SSE_DONE
+        timer = RequestTimer(self.metrics, usage, len(prompt_ids))
+        try:
+            stream = self.engine.generate(prompt_ids, params, request_id)
+            async with aclosing(stream):
+                async for batch in stream:
+                    timer.count(batch)
+                    if len(batch) == 1:
+                        completion = batch[0].outputs[0]
+                        text, ids = completion.text, completion.token_ids
+                    else:
+                        text = "".join(o.outputs[0].text for o in batch)
+                        ids = [t for o in batch for t in o.outputs[0].token_ids]
+                    final = batch[-1]
+                    if final.finished:
+                        events = []
+                        error = error_event(final)
+                        if error is not None:
+                            if text or (with_ids and ids):
+                                events.append(chunk(text, ids))
+                            events += (error, SSE_DONE)
+                            yield b"".join(events)
+                            return
+                        completion = final.outputs[0]
+                        reason = finish_reason(completion.finish_reason)
+                        if first:
+                            body = choice(text, ids, reason, completion.stop_reason)
+                            body["prompt_token_ids"] = prompt_ids
+                            events.append(sse({**head, "choices": [body]}))
+                        else:
+                            events.append(chunk(text, ids, reason, completion.stop_reason))
+                        if include_usage:
+                            events.append(sse({**head, "choices": [], "usage": usage.body()}))
+                        events.append(SSE_DONE)
+                        yield b"".join(events)
                         return
-                    completion = final.outputs[0]
-                    yield chunk(
-                        text, finish_reason(completion.finish_reason), completion.stop_reason
-                    )
-                elif text:
-                    yield text_chunk(text)
-        if include_usage:
-            yield sse({**head, "choices": [], "usage": usage.body()})
-        yield SSE_DONE
+                    if first:
+                        body = choice(text, ids)
+                        body["prompt_token_ids"] = prompt_ids
+                        yield sse({**head, "choices": [body]})
+                        first = False
+                    elif with_ids:
+                        yield text_chunk(text, ids)
+                    elif text:
+                        yield text_chunk(text)
+        finally:
+            timer.finish()
