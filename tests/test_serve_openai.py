@@ -18,6 +18,7 @@ from chat_app.cli import main as tinychat_main
 from gpu.config import EngineConfig
 from gpu.entrypoints.openai.api_server import ServerThread, build_app
 from gpu.entrypoints.openai.async_engine import build_engine_client
+from gpu.entrypoints.openai.serving import sse, sse_template
 
 pytestmark = pytest.mark.slow
 
@@ -300,3 +301,80 @@ def test_serve_without_the_server_packages_says_what_to_install():
         "tinychat: error: tinychat serve needs the server's packages (starlette is missing): "
         "pip install 'tinychat[serve]'"
     )
+
+
+def test_return_token_ids_streams_ids_that_decode_to_the_text(served: Served, generated: dict):
+    """vLLM's `return_token_ids`: the prompt's ids in the first chunk, each chunk's new ids in
+    its choice; whole replies carry them all. The ids are the reply's, and decode to its text."""
+    extra = {"extra_body": {"return_token_ids": True}}
+    tokenizer = served.engine_client.engine.tokenizer
+    stream = list(chat(served, stream=True, **extra))
+    first = stream[0].model_extra
+    assert first["prompt_token_ids"] == generated["prompt_ids"]
+    assert all("prompt_token_ids" not in c.model_extra for c in stream[1:])
+    ids = [t for c in stream for t in c.choices[0].model_extra["token_ids"]]
+    text = "".join(c.choices[0].delta.content or "" for c in stream)
+    assert ids == generated["output_ids"] and text == generated["text"]
+    assert tokenizer.decode(ids) == text
+    whole = chat(served, **extra)
+    assert whole.choices[0].model_extra["token_ids"] == generated["output_ids"]
+    assert whole.model_extra["prompt_token_ids"] == generated["prompt_ids"]
+
+    prompt = generated["prompt_ids"]
+    chunks = list(served.openai.completions.create(
+        model=served.model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, stream=True,
+        **extra))  # fmt: skip
+    assert chunks[0].choices[0].model_extra["prompt_token_ids"] == prompt
+    ids = [t for c in chunks for t in c.choices[0].model_extra["token_ids"]]
+    assert ids == generated["output_ids"]
+    assert "".join(c.choices[0].text for c in chunks) == generated["text"]
+    plain = list(served.openai.completions.create(
+        model=served.model, prompt=prompt, max_tokens=2, temperature=0, stream=True))  # fmt: skip
+    assert all("token_ids" not in c.choices[0].model_extra for c in plain)
+
+
+@pytest.mark.parametrize("text", ["a", "", ' "quoted" \\ back\nslash\t', "\x00\x1f é 漢 🚀"])
+def test_a_templated_event_is_the_bytes_of_the_whole_object(text: str):
+    """The hot path serializes only the text (and ids) into a prefix and suffix made once:
+    byte for byte what serializing the whole chunk gives, and it parses to the same object."""
+    head = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m", "usage": None}
+    choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": None, "token_ids": []}
+    template = sse_template(
+        {**head, "choices": [dict(choice)]}, ("choices", 0, "text"), ("choices", 0, "token_ids")
+    )
+    whole = {**head, "choices": [{**choice, "text": text, "token_ids": [3, 1, 4]}]}
+    event = template(text, [3, 1, 4])
+    assert event == sse(whole)
+    assert event.startswith(b"data: ") and event.endswith(b"\n\n")
+    assert json.loads(event[6:]) == whole
+    only_text = sse_template({**head, "choices": [dict(choice)]}, ("choices", 0, "text"))
+    assert json.loads(only_text(text)[6:])["choices"][0]["text"] == text
+
+
+def test_the_loop_metrics_render_as_prometheus_client_s_own():
+    """The lock-free counter and histogram the event loop feeds give the same Prometheus text
+    as prometheus_client's Counter and Histogram fed the same observations."""
+    from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+    from gpu.entrypoints.openai.metrics import LoopCounter, LoopHistogram
+
+    buckets, label = (0.001, 0.01, 0.1, 1.0), {"model_name": "m"}
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    histogram, counter = (
+        LoopHistogram("x_seconds", "d", label, buckets),
+        LoopCounter("n", "d", label),
+    )
+    ours.register(histogram)
+    ours.register(counter)
+    reference = Histogram("x_seconds", "d", ["model_name"], buckets=buckets, registry=theirs)
+    reference_counter = Counter("n", "d", ["model_name"], registry=theirs)
+    for value, count in ((0.0005, 1), (0.001, 2), (0.05, 3), (7.0, 1)):
+        histogram.observe(value, count)
+        counter.inc(count)
+        for _ in range(count):
+            reference.labels(model_name="m").observe(value)
+        reference_counter.labels(model_name="m").inc(count)
+    lines = lambda r: sorted(  # noqa: E731
+        line for line in generate_latest(r).decode().splitlines() if "_created" not in line
+    )
+    assert lines(ours) == lines(theirs)

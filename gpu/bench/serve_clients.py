@@ -6,7 +6,8 @@ spec.json: {"url": ".../v1", "api_key": null, "start_at": <time.monotonic()>,
 "requests": [<a /v1/completions body>, ...]}.
 Every request starts at once (each its own connection, as N users would), streams with
 `include_usage`, and records when each text chunk arrived. The results hold, per request, the
-time to the first chunk, the chunks' arrival times, the text and the server's usage.
+time to the first chunk, the chunks' arrival times, the text, the server's usage, the
+response's id, and the token ids when the body asks for them (vLLM's `return_token_ids`).
 
 It runs in processes of their own (the bench splits the clients among several, all starting
 at one `start_at`), so that the clients' Python (parsing N streams of events) neither competes
@@ -30,8 +31,9 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> dic
     start = time.monotonic()
     times: list[float] = []
     parts: list[str] = []
+    token_ids: list[int] = []
     usage: dict[str, Any] = {}
-    error = None
+    response_id = error = None
     try:
         async with client.stream("POST", url + "/completions", json=body) as response:
             if response.status_code != 200:
@@ -48,11 +50,14 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> dic
                     if "error" in event:
                         error = str(event["error"])
                         break
+                    response_id = response_id or event.get("id")
                     choices = event.get("choices") or []
                     text = choices[0].get("text") if choices else ""
                     if text:
                         times.append(time.monotonic())
                         parts.append(text)
+                    if choices and choices[0].get("token_ids"):
+                        token_ids += choices[0]["token_ids"]
                     if event.get("usage"):
                         usage = event["usage"]
     except httpx.HTTPError as exc:
@@ -61,6 +66,8 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> dic
         "start": start,
         "times": times,
         "text": "".join(parts),
+        "token_ids": token_ids,
+        "id": response_id,
         "completion_tokens": usage.get("completion_tokens", 0),
         "prompt_tokens": usage.get("prompt_tokens", 0),
         "error": error,
