@@ -116,13 +116,15 @@ class SyntheticEngineClient:
 # -- the clients: raw HTTP, counting --------------------------------------------------------
 
 
-async def _stream(host: str, port: int, body: bytes) -> tuple[int, int, float, float]:
+async def _stream(host: str, port: int, body: bytes) -> tuple[int, int, int, float, float]:
+    """One streaming request: its events, the tokens in them (each token's text is " w<id>",
+    the only spaces on the wire), the bytes, and when the first and last bytes came."""
     reader, writer = await asyncio.open_connection(host, port)
     writer.write(
         b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         b"Content-Length: %d\r\n\r\n" % len(body) + body
     )
-    events = received = 0
+    events = tokens = received = 0
     first = last = 0.0
     tail = b""
     while True:
@@ -135,13 +137,16 @@ async def _stream(host: str, port: int, body: bytes) -> tuple[int, int, float, f
         received += len(data)
         chunk = tail + data
         events += chunk.count(b'"text":"')
+        tokens += chunk.count(b" w")
         tail = chunk[-16:]
         events -= tail.count(b'"text":"')
+        tokens -= tail.count(b" w")
         if b"data: [DONE]" in chunk:
             break
     events += tail.count(b'"text":"')
+    tokens += tail.count(b" w")
     writer.close()
-    return events, received, first, last
+    return events, tokens, received, first, last
 
 
 async def _clients(host: str, port: int, streams: int, tokens: int) -> dict[str, Any]:
@@ -152,9 +157,10 @@ async def _clients(host: str, port: int, streams: int, tokens: int) -> dict[str,
     results = await asyncio.gather(*(_stream(host, port, body) for _ in range(streams)))
     return {
         "events": sum(r[0] for r in results),
-        "bytes": sum(r[1] for r in results),
-        "first": min(r[2] for r in results) - t0,
-        "wall_s": max(r[3] for r in results) - t0,
+        "tokens": sum(r[1] for r in results),
+        "bytes": sum(r[2] for r in results),
+        "first": min(r[3] for r in results) - t0,
+        "wall_s": max(r[4] for r in results) - t0,
     }
 
 
@@ -186,18 +192,19 @@ def measure(streams: int, tokens: int, period: float) -> dict[str, Any]:
         server.stop()
         client.shutdown()
     run = json.loads(out.stdout)
-    delivered = streams * tokens
+    delivered = run["tokens"]
     wall = run["wall_s"]
     return {
         "streams": streams,
         "tokens_per_stream": tokens,
         "period_ms": period * 1e3,
         "target_tok_s": streams / period,
+        "tokens_received": run["tokens"],
         "tok_s": delivered / wall,
         "events_s": run["events"] / wall,
         "tokens_per_event": delivered / max(run["events"], 1),
         "loop_cpu_s_per_s": loop_cpu / wall,
-        "loop_us_per_token": 1e6 * loop_cpu / delivered,
+        "loop_us_per_token": 1e6 * loop_cpu / max(delivered, 1),
         "loop_us_per_event": 1e6 * loop_cpu / max(run["events"], 1),
         "emitter_cpu_s": client.cpu_s,
         "wall_s": wall,
