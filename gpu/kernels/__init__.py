@@ -22,6 +22,11 @@ gpu/sampling/numpy_sampler.py for the sampler).
         _split.py        split-KV for short chunks over long histories, and the merge
     activation.py        silu(gate) * up
     sampling.py          greedy / temperature / top-k / top-p / min-p / penalties / bans
+        _scores.py       pass 1: bans and penalties, greedy argmax or x / T
+        _radix.py        top-k and top-p thresholds by radix select, the candidate copy
+        _histogram.py    the radix histogram's block-wide steps
+        _draw.py         Gumbel-max over what the thresholds keep
+        _common.py       row layouts, packed max, last-block merge, counter-based uniforms
     argmax.py            the all-greedy fast path: two-stage argmax over vocabulary chunks
     launch.py            the simulator switch and block sizes
     mma.py               tensor cores through inline PTX: mma.sync m16n8k16 bf16 (the decode

@@ -1,0 +1,166 @@
+"""What the sampler's passes share: row layouts, the scratch's constants, and device helpers.
+
+The row parameters (F_*, I_*, U_*: rows of fparams, iparams, uparams), the per-row thresholds
+(R_*: rows of the scratch's rowf and rowi) and the mode bits are the contract between the
+launcher (sampling.py) and the kernels (sampling_scores.py, sampling_radix.py,
+sampling_draw.py); the constants and uniform are importable from gpu.kernels.sampling too.
+
+Cross-block results use the "last block done" pattern (last_block): a block adds its histogram
+(or offers its max) with device atomics, fences, and takes a ticket from the row's counter; the
+block that takes the last ticket reads the row's result with atomic exchanges (which reset the
+histogram and slot for the next pass, and never see a stale L1 line), resets the ticket and
+writes the row's threshold state for the next kernel.
+
+A row's best (value, index) travels as one int64 (pack): ordered key << 31 | (2**31 - 1 -
+index), so the max is the largest value at the smallest index (np.argmax's tie rule), and one
+atomic max merges the blocks. The Gumbel noise comes from gpu/sampling/rng.py's counter-based
+uniforms (uniform), the same bits as the numpy twin's.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, float32, float64, int32, int64, uint16, uint64
+
+from gpu.kernels.bf16 import ordered_key
+from gpu.kernels.launch import MAX_THREADS, SIMULATOR, device_function, threads
+from gpu.sampling.rng import MIX1, MIX2, SEED_MUL, STEP_MUL, TOKEN_MUL
+
+NEG_INF = float32(-math.inf)
+# The token state's cells (gpu/sampling/token_state.py).
+PROMPT_BIT = 0x8000
+BAN_BIT = 0x4000
+COUNT_MASK = 0x3FFF
+F_TEMPERATURE, F_TOP_P, F_MIN_P, F_REPETITION, F_PRESENCE, F_FREQUENCY = range(6)
+I_TOP_K, I_STATE_ROW, I_BAN_ACTIVE = range(3)
+U_SEED, U_STEP = range(2)
+
+THREADS = threads(256)
+MIN_CHUNK = 4 * THREADS  # logits a block at least
+TARGET_BLOCKS = 264  # two blocks per SM of an H100 for small batches
+BINS = 2048  # the first two digits have 11 bits, the last 10
+BINS_PER_THREAD = BINS // THREADS  # (the kernels run THREADS threads a block)
+UNROLL = 4  # logits a thread loads at once (a chunk of MIN_CHUNK: one group)
+MASS_SCALE = float64(2.0**44)  # fixed-point unit of top-p masses (sums < 2**63 for V < 2**19)
+SLOTS = MAX_THREADS // 32  # block_max's scratch (a slot per warp; 32 threads in the simulator)
+# rowf rows
+R_MAX, R_MIN_BOUND, R_KTH, R_P_T, R_Z, R_SCALE = range(6)
+# rowi rows
+R_MODE, R_PREFIX, R_REMAIN, R_COUNT, R_DIGIT = range(5)
+# mode bits
+MODE_TRUNCATE, MODE_TOP_K, MODE_TOP_P, MODE_COMPACT = 1, 2, 4, 8
+CANDIDATES = 8192  # scores a row's copy holds (SamplerScratch.cand_val)
+NONE = -1  # the packed-max slot's empty value
+
+if SIMULATOR:
+    _MASK64 = (1 << 64) - 1
+
+    def uniform(seed, step, token):
+        """rng.uniform_from_counter for one token, in Python integers (no overflow warnings)."""
+        x = int(seed) * int(SEED_MUL) + int(step) * int(STEP_MUL) + int(token) * int(TOKEN_MUL)
+        x &= _MASK64
+        x ^= x >> 30
+        x = (x * int(MIX1)) & _MASK64
+        x ^= x >> 27
+        x = (x * int(MIX2)) & _MASK64
+        x ^= x >> 31
+        return (np.float32(x >> 41) + np.float32(0.5)) / np.float32(2**23)
+
+else:
+
+    @device_function
+    def uniform(seed, step, token):
+        """rng.uniform_from_counter for one token: uint64 arithmetic wraps as numpy's does; 23
+        bits plus one half over 2**23, exact in float32, so never 0 or 1."""
+        x = seed * SEED_MUL + step * STEP_MUL + uint64(token) * TOKEN_MUL
+        x ^= x >> uint64(30)
+        x *= MIX1
+        x ^= x >> uint64(27)
+        x *= MIX2
+        x ^= x >> uint64(31)
+        return (float32(x >> uint64(41)) + float32(0.5)) / float32(8388608.0)
+
+
+@device_function
+def gumbel(seed, step, token):
+    """Gumbel(0, 1) noise of one token: -log(-log(u)), float32."""
+    return -math.log(-math.log(float32(uniform(seed, step, token))))
+
+
+@device_function
+def finite(x):
+    return x > NEG_INF and x < -NEG_INF
+
+
+@device_function
+def kept(x, min_bound, kth):
+    """A finite score above the min_p bound and the top-k threshold."""
+    return finite(x) and x >= min_bound and x >= kth
+
+
+@device_function
+def pack(x, v):
+    """(value, index) as one non-negative int64 whose max is the largest value at the smallest
+    index (index < 2**31)."""
+    return (int64(ordered_key(x)) << 31) | int64(0x7FFFFFFF - v)
+
+
+@device_function
+def packed_index(packed):
+    """The index of a packed max; 0 for an empty slot (np.argmax of nothing kept)."""
+    if packed < 0:
+        return int32(0)
+    return int32(0x7FFFFFFF - (packed & 0x7FFFFFFF))
+
+
+@device_function
+def last_block(ticket, row, flag):
+    """Take the row's ticket after this block's results are out (every thread calls it);
+    True in the block that takes the last ticket, which then resets the counter."""
+    cuda.syncthreads()
+    if cuda.threadIdx.x == 0:
+        cuda.threadfence()
+        flag[0] = int32(cuda.atomic.add(ticket, row, int32(1)) == cuda.gridDim.y - 1)
+        if flag[0]:
+            ticket[row] = 0
+            cuda.threadfence()
+    cuda.syncthreads()
+    return flag[0] != 0
+
+
+@device_function
+def finish_row(row, packed, state_row, state, out, ring, ring_slot):
+    """The row's token (from its packed max) to out and the host ring; spec step 4."""
+    tok = packed_index(packed)
+    out[row] = tok
+    ring[ring_slot[0], row] = tok
+    if state_row >= 0:
+        cell = int32(state[state_row, tok])
+        if (cell & COUNT_MASK) < COUNT_MASK:
+            state[state_row, tok] = uint16(cell + 1)
+
+
+@device_function
+def block_share(rowi, row, compact, chunk_len, vocab):
+    """[start, end) of this block's part of the row: its chunk of the logits, or an equal slice
+    of the row's copied candidates once the row is compact."""
+    if compact:
+        n = rowi[R_COUNT, row]
+        per = (n + cuda.gridDim.y - 1) // cuda.gridDim.y
+        start = cuda.blockIdx.y * per
+        return start, min(start + per, n)
+    start = cuda.blockIdx.y * chunk_len
+    return start, min(start + chunk_len, vocab)
+
+
+@device_function
+def load(logits, cand_val, cand_idx, row, j, compact, xs, vs, u):
+    """Element j of the block's share into xs[u] (score as stored) and vs[u] (its token id)."""
+    if compact:
+        xs[u] = cand_val[row, j]
+        vs[u] = cand_idx[row, j]
+    else:
+        xs[u] = logits[row, j]
+        vs[u] = j

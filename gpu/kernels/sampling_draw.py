@@ -1,0 +1,85 @@
+"""Pass 4 of the sampler (sampling.py): Gumbel-max over what the thresholds keep.
+
+gumbel_kernel reads each kept score (the row's logits, or its candidates once the row is
+compact: sampling_radix.py), keeps those above the min_p bound and the top-k threshold whose
+probability reaches the top-p cut, adds Gumbel(0, 1) noise from the counter-based uniforms
+(gpu/sampling/rng.py, the twin's bits) and takes the packed max; the row's last block writes
+the token to out and the ring and counts it in the token state (spec step 4).
+"""
+
+from __future__ import annotations
+
+import math
+
+from numba import cuda, float32, int32, int64
+
+from gpu.kernels.block_reduce import block_max
+from gpu.kernels.pdl import grid_dependency_sync
+from gpu.kernels.sampling_common import (
+    I_STATE_ROW,
+    MODE_COMPACT,
+    MODE_TRUNCATE,
+    NONE,
+    R_KTH,
+    R_MAX,
+    R_MIN_BOUND,
+    R_MODE,
+    R_P_T,
+    R_SCALE,
+    R_Z,
+    SLOTS,
+    U_SEED,
+    U_STEP,
+    UNROLL,
+    block_share,
+    finish_row,
+    gumbel,
+    kept,
+    last_block,
+    load,
+    pack,
+)
+
+
+@cuda.jit(cache=True)
+def gumbel_kernel(
+    logits, chunk_len, iparams, uparams, state, ticket, best, rowf, rowi, cand_val, cand_idx, out,
+    ring, ring_slot,
+):  # fmt: skip
+    grid_dependency_sync()
+    row = cuda.blockIdx.x
+    mode = rowi[R_MODE, row]
+    if (mode & MODE_TRUNCATE) == 0:
+        return
+    compact = (mode & MODE_COMPACT) != 0
+    buf = cuda.shared.array(SLOTS, int64)
+    flag = cuda.shared.array(1, int32)
+    tid = cuda.threadIdx.x
+    seed = uparams[U_SEED, row]
+    step = uparams[U_STEP, row]
+    top = rowf[R_MAX, row]
+    min_bound = rowf[R_MIN_BOUND, row]
+    kth = rowf[R_KTH, row]
+    p_t = rowf[R_P_T, row]
+    z = rowf[R_Z, row]
+    scale = rowf[R_SCALE, row]
+    start, end = block_share(rowi, row, compact, chunk_len, logits.shape[1])
+    cand = int64(NONE)
+    xs = cuda.local.array(UNROLL, float32)
+    vs = cuda.local.array(UNROLL, int32)
+    nt = cuda.blockDim.x
+    for base in range(start + tid, end, nt * UNROLL):
+        for u in range(UNROLL):
+            load(logits, cand_val, cand_idx, row, min(base + u * nt, end - 1), compact, xs, vs, u)
+        for u in range(UNROLL):
+            x = xs[u] / scale
+            v = vs[u]
+            if base + u * nt < end and kept(x, min_bound, kth):
+                if p_t == 0 or float32(math.exp(x - top)) / z >= p_t:
+                    cand = max(cand, pack(x + gumbel(seed, step, v), v))
+    cand = block_max(buf, cand)
+    if tid == 0 and cand >= 0:
+        cuda.atomic.max(best, row, cand)
+    if last_block(ticket, row, flag) and tid == 0:
+        packed = cuda.atomic.exch(best, row, int64(NONE))
+        finish_row(row, packed, iparams[I_STATE_ROW, row], state, out, ring, ring_slot)

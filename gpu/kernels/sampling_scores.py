@@ -1,0 +1,207 @@
+"""Pass 1 of the sampler (sampling.py): bans and penalties, then greedy argmax or x / T.
+
+scores_kernel applies the row's token state (spec step 1: bans, repetition, presence and
+frequency penalties), then takes the greedy argmax or divides by the temperature.
+Greedy rows and temperature-only rows finish here: each block offers its best (value,
+index) packed into one int64 (ordered key << 31 | (2**31 - 1 - index), so the max is the
+largest value at the smallest index) by atomic max to the row's slot, and the row's last
+block (sampling_common.last_block) writes out / ring and counts the token in the state (step
+4). Truncating rows (min_p, top_k or top_p) offer their max; the last block stores the max and
+the min_p bound (score >= max + log(min_p), float32). Later passes read the scores as logits /
+scale: rows with a token state write their penalised, scaled scores back (scale 1: one 4-byte
+write instead of a 2-byte state read in every later pass), the others leave the logits as they
+are and divide again (scale = T, the same float32 division: the same scores; at batch 256 the
+write-back would cost a full pass of HBM bandwidth, ~45 us for 131 MB).
+
+Top-k rows count their first radix digit here (the key's top 11 bits, over every finite
+score, before the min_p bound is known): exact all the same (see scores_kernel), and it saves
+a pass over the row.
+"""
+
+from __future__ import annotations
+
+import math
+
+from numba import cuda, float32, int32, int64
+
+from gpu.kernels.bf16 import key_to_f32
+from gpu.kernels.block_reduce import block_max
+from gpu.kernels.launch import device_function
+from gpu.kernels.pdl import grid_dependency_sync
+from gpu.kernels.sampling_common import (
+    BAN_BIT,
+    BINS,
+    COUNT_MASK,
+    F_FREQUENCY,
+    F_MIN_P,
+    F_PRESENCE,
+    F_REPETITION,
+    F_TEMPERATURE,
+    F_TOP_P,
+    I_BAN_ACTIVE,
+    I_STATE_ROW,
+    I_TOP_K,
+    MODE_TOP_K,
+    MODE_TOP_P,
+    MODE_TRUNCATE,
+    NEG_INF,
+    NONE,
+    PROMPT_BIT,
+    R_COUNT,
+    R_DIGIT,
+    R_KTH,
+    R_MAX,
+    R_MIN_BOUND,
+    R_MODE,
+    R_P_T,
+    R_PREFIX,
+    R_REMAIN,
+    R_SCALE,
+    R_Z,
+    SLOTS,
+    THREADS,
+    U_SEED,
+    U_STEP,
+    UNROLL,
+    finish_row,
+    finite,
+    gumbel,
+    last_block,
+    pack,
+)
+from gpu.kernels.sampling_histogram import find_bin, read_histogram
+
+
+@device_function
+def apply_state(x, cell, ban, repetition, presence, frequency):
+    """Spec step 1 on one logit with its state cell (an int32 of the uint16)."""
+    if ban and (cell & BAN_BIT) != 0:
+        x = NEG_INF
+    c = cell & COUNT_MASK
+    if repetition != 1 and ((cell & PROMPT_BIT) != 0 or c > 0):
+        x = x / repetition if x > 0 else x * repetition
+    n = float32(c)
+    return x - (frequency * n + presence * (float32(1.0) if c > 0 else float32(0.0)))
+
+
+@device_function
+def score_candidate(logits, row, v, x, greedy, truncate, prescale, temperature, seed, step):
+    """Pass 1 after the state: a greedy row's logit, a temperature row's noisy score, or a
+    truncating row's scaled score (written back where the state changed it), packed; NONE for
+    a non-finite score."""
+    if not greedy:
+        x = x / temperature
+        if truncate:
+            if prescale:
+                logits[row, v] = x
+        elif finite(x):
+            x = x + gumbel(seed, step, v)
+    if greedy or finite(x):
+        return pack(x, v)
+    return int64(NONE)
+
+
+@cuda.jit(cache=True)
+def scores_kernel(
+    logits, chunk_len, fparams, iparams, uparams, state, ticket, best, rowf, rowi, hist, out,
+    ring, ring_slot,
+):  # fmt: skip
+    grid_dependency_sync()
+    buf = cuda.shared.array(SLOTS, int64)
+    flag = cuda.shared.array(1, int32)
+    hs = cuda.shared.array(BINS, int64)
+    scan = cuda.shared.array(THREADS, int64)
+    sel = cuda.shared.array(2, int64)
+    row = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    start = cuda.blockIdx.y * chunk_len
+    end = min(start + chunk_len, logits.shape[1])
+    temperature = fparams[F_TEMPERATURE, row]
+    top_p = fparams[F_TOP_P, row]
+    min_p = fparams[F_MIN_P, row]
+    repetition = fparams[F_REPETITION, row]
+    presence = fparams[F_PRESENCE, row]
+    frequency = fparams[F_FREQUENCY, row]
+    top_k = iparams[I_TOP_K, row]
+    state_row = iparams[I_STATE_ROW, row]
+    ban = iparams[I_BAN_ACTIVE, row] != 0
+    seed = uparams[U_SEED, row]
+    step = uparams[U_STEP, row]
+    greedy = temperature == 0
+    truncate = not greedy and (min_p > 0 or top_k > 0 or top_p < 1)
+    fold = truncate and top_k > 0  # top-k's first digit, counted here (see the docstring)
+    if fold:
+        for b in range(tid, BINS, cuda.blockDim.x):
+            hs[b] = 0
+        cuda.syncthreads()
+
+    cand = int64(NONE)
+    xs = cuda.local.array(UNROLL, float32)
+    cells = cuda.local.array(UNROLL, int32)
+    nt = cuda.blockDim.x
+    for base in range(start + tid, end, nt * UNROLL):
+        for u in range(UNROLL):  # every load of the group in flight at once
+            v = min(base + u * nt, end - 1)
+            xs[u] = logits[row, v]
+            if state_row >= 0:
+                cells[u] = int32(state[state_row, v])
+        for u in range(UNROLL):
+            v = base + u * nt
+            if v < end:
+                x = xs[u]
+                if state_row >= 0:
+                    x = apply_state(x, cells[u], ban, repetition, presence, frequency)
+                c = score_candidate(
+                    logits, row, v, x, greedy, truncate, state_row >= 0, temperature, seed, step
+                )
+                cand = max(cand, c)
+                if fold and c >= 0:  # a finite scaled score: its key's top 11 bits
+                    cuda.atomic.add(hs, c >> 52, int64(1))
+    cand = block_max(buf, cand)
+    if tid == 0 and cand >= 0:
+        cuda.atomic.max(best, row, cand)
+    if fold:
+        for b in range(tid, BINS, cuda.blockDim.x):
+            if hs[b] != 0:
+                cuda.atomic.add(hist, (row, b), hs[b])
+    if not last_block(ticket, row, flag):
+        return
+    if tid == 0:
+        packed = cuda.atomic.exch(best, row, int64(NONE))
+        if not truncate:
+            rowi[R_MODE, row] = 0
+            finish_row(row, packed, state_row, state, out, ring, ring_slot)
+        else:
+            top = key_to_f32(packed >> 31) if packed >= 0 else NEG_INF
+            rowf[R_MAX, row] = top
+            rowf[R_MIN_BOUND, row] = top + float32(math.log(min_p)) if min_p > 0 else NEG_INF
+            rowf[R_KTH, row] = NEG_INF
+            rowf[R_P_T, row] = 0
+            rowf[R_Z, row] = 1
+            rowf[R_SCALE, row] = 1 if state_row >= 0 else temperature
+            mode = MODE_TRUNCATE
+            if top_k > 0:
+                mode |= MODE_TOP_K
+            if top_p < 1:
+                mode |= MODE_TOP_P
+            rowi[R_MODE, row] = mode
+            rowi[R_PREFIX, row] = 0
+            rowi[R_REMAIN, row] = 0
+            rowi[R_COUNT, row] = 0
+            rowi[R_DIGIT, row] = 0
+    if not fold:
+        return
+    # Top-k's first digit, over every finite score (the min_p bound is not known yet). Exact
+    # for the kept scores all the same: they are an upper set of the finite ones, so if at
+    # least k are kept the k-th largest is the same score; if fewer are, no kept score lies in
+    # the chosen bin or below it (or every finite score above the bin would be kept, k of
+    # them), and the next digit, which counts kept scores only, finds no k-th: nothing is cut.
+    total = read_histogram(hist, row, BINS, hs, scan)
+    find_bin(hs, BINS, scan, int64(top_k), sel)
+    if tid == 0:
+        if total <= top_k:  # no more finite scores than k: nothing to cut
+            rowi[R_MODE, row] = rowi[R_MODE, row] & ~MODE_TOP_K
+        else:
+            rowi[R_PREFIX, row] = sel[0] << 21
+            rowi[R_REMAIN, row] = top_k - sel[1]
+            rowi[R_DIGIT, row] = 1
