@@ -21,15 +21,13 @@ from gpu.outputs import RequestOutput
 from gpu.sampling_params import RequestOutputKind, SamplingParams
 
 SSE_DONE = b"data: [DONE]\n\n"
+# json.dumps with any option builds a JSONEncoder per call (~5 us): the events share one.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
 def sse(payload: dict[str, Any]) -> bytes:
     """One server-sent event carrying a JSON object."""
-    return (
-        b"data: "
-        + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
-        + b"\n\n"
-    )
+    return b"data: " + _ENCODER.encode(payload).encode() + b"\n\n"
 
 
 def sse_template(payload: dict[str, Any], *paths: tuple[Any, ...]) -> Callable[..., bytes]:
@@ -49,18 +47,16 @@ def sse_template(payload: dict[str, Any], *paths: tuple[Any, ...]) -> Callable[.
         before, text = text.split(json.dumps(mark), 1)
         parts.append(before.encode())
     head, tail = b"data: " + parts[0], text.encode() + b"\n\n"
-    dumps = json.dumps
+    encode = _ENCODER.encode
     if len(paths) == 1:
-        return lambda value: (
-            head + dumps(value, ensure_ascii=False, separators=(",", ":")).encode() + tail
-        )
+        return lambda value: head + encode(value).encode() + tail
     middles = parts[1:]
 
     def event(*values: Any) -> bytes:
-        out = [head, dumps(values[0], ensure_ascii=False, separators=(",", ":")).encode()]
+        out = [head, encode(values[0]).encode()]
         for middle, value in zip(middles, values[1:], strict=True):
             out.append(middle)
-            out.append(dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+            out.append(encode(value).encode())
         out.append(tail)
         return b"".join(out)
 
