@@ -10,9 +10,11 @@
 
 The same calls as `gpu.engine_thread.EngineThread` (chat_app.engine_api's protocol), so the
 app, `tinychat generate` and library code switch by building this instead. `on_output` runs on
-the client's receiver thread, which unpickles each step's message, detokenizes, checks stop
-strings (see request_state.py) and calls the callbacks; like the engine thread's, a callback
-must not block.
+the client's receiver thread, which takes every message the socket holds in one read
+(FrameReader), unpickles them, detokenizes, checks stop strings (see request_state.py) and
+calls each request's callback once for all of its new tokens; like the engine thread's, a
+callback must not block. A receiver that fell behind (its process's UI thread held the GIL)
+catches up in one pass instead of one step at a time, so the core's sends never back up.
 
 If the core dies (a crash, a kill), every open request ends with finish_reason "error" and an
 error that says the engine stopped; `is_alive` turns False, and a new client starts a new core.
@@ -25,8 +27,10 @@ import dataclasses
 import itertools
 import logging
 import os
+import pickle
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -79,11 +83,14 @@ class EngineCoreClient:
         *,
         progress: ProgressFn | None = None,
         log_path: str | None = None,
+        entry: str = "gpu.engine_core.core",
     ) -> None:
         """Start the core (a fresh interpreter: never fork a process that may hold CUDA) and
         wait until its engine is built, forwarding the build's progress to `progress`. Raises
         what the build raised (a ModelLoadError reads as in-process). log_path: a file for the
-        core's stdout and stderr (the app's screen must not get them); None: this process's."""
+        core's stdout and stderr (the app's screen must not get them); None: this process's.
+        entry: the module whose main() runs in the new process (a stand-in core that speaks
+        the same protocol, for bench app's synthetic runs)."""
         ours, theirs = socket.socketpair()
         death_r, self._death_w = os.pipe()  # the core sees EOF on death_r when we are gone
         env = dict(os.environ)
@@ -92,7 +99,8 @@ class EngineCoreClient:
         log = open(log_path, "ab") if log_path else None  # noqa: SIM115 (closed below)
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-c", _CORE_MAIN, str(theirs.fileno()), str(death_r)],
+                [sys.executable, "-c", f"from {entry} import main; main()"]
+                + [str(theirs.fileno()), str(death_r)],
                 pass_fds=(theirs.fileno(), death_r),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -257,17 +265,10 @@ class EngineCoreClient:
 
     # --- the receiver thread --------------------------------------------------------------
     def _receive(self) -> None:
-        conn = self._conn
+        reader = FrameReader(self._conn.fileno())
         try:
             while True:
-                message = p.recv(conn)
-                kind = message[0]
-                if kind == p.STEP:
-                    self._on_step(message)
-                elif kind == p.STATS:
-                    self._stats = p.stats_from_tuple(message[1])
-                elif kind == p.FATAL:
-                    self._fatal = message[1]
+                self._on_messages([pickle.loads(frame) for frame in reader.read_frames()])
         except (EOFError, OSError):
             pass  # the core has exited (or was killed)
         except Exception:  # a bug here must not leave requests hanging
@@ -276,12 +277,28 @@ class EngineCoreClient:
             self._closed = True
             self._fail_open(self._stopped_message())
 
-    def _on_step(self, message: tuple) -> None:
+    def _on_messages(self, messages: list[tuple]) -> None:
+        """Everything that one read brought (one step's message or many), applied in order;
+        then one output per request that changed, carrying all of its new tokens."""
+        touched: dict[int, RequestState] = {}
+        ended: list[int] = []  # met a stop string here: the core must stop them
+        for message in messages:
+            kind = message[0]
+            if kind == p.STEP:
+                self._on_step(message, touched, ended)
+            elif kind == p.STATS:
+                self._stats = p.stats_from_tuple(message[1])
+            elif kind == p.FATAL:
+                self._fatal = message[1]
+        for state in touched.values():
+            self._deliver(state)
+        if ended:  # never block this thread on a send: the core may be blocked sending to it
+            threading.Thread(target=self._send, args=((p.ABORT, ended),), daemon=True).start()
+
+    def _on_step(self, message: tuple, touched: dict[int, RequestState], ended: list[int]) -> None:
         _, handles, tokens, finished, stats = message
         now = time.monotonic()
         requests = self._requests
-        touched: dict[int, RequestState] = {}
-        ended: list[int] = []  # met a stop string here: the core must stop them
         for handle, token in zip(handles, tokens, strict=True):
             state = requests.get(handle)
             if state is None or state.finished:
@@ -296,13 +313,10 @@ class EngineCoreClient:
             state.finish(*row[1:], now=now)
             touched[row[0]] = state
         for handle, state in touched.items():
-            if state.finished:
+            if state.finished and handle in requests:
                 with self._lock:
                     del requests[handle]
                     self._handles.pop(state.request_id, None)
-            self._deliver(state)
-        if ended:  # never block this thread on a send: the core may be blocked sending to it
-            threading.Thread(target=self._send, args=((p.ABORT, ended),), daemon=True).start()
         if stats is not None:
             self._stats = p.stats_from_tuple(stats)
 
@@ -368,7 +382,53 @@ class EngineCoreClient:
         _live_clients.discard(self)
 
 
-_CORE_MAIN = "from gpu.engine_core.core import main; main()"
+class FrameReader:
+    """Reads the core's messages (multiprocessing.Connection's frames: a 4-byte big-endian
+    length, or -1 and an 8-byte one, then the bytes) many at a time.
+
+    Connection.recv_bytes makes two reads a message, and each read gives up the GIL: while
+    the UI thread is busy, getting it back takes up to the interpreter's switch interval
+    (5 ms), so a receiver that reads a message at a time keeps up with at most ~100 messages
+    a second, falls behind a core that steps every 1.5 ms, and its socket fills until the
+    core's sends block. One read here takes everything the socket holds (up to 1 MiB), and
+    every whole message in it is handled under one hold of the GIL."""
+
+    CHUNK = 1 << 20
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._buffer = bytearray()
+
+    def read_frames(self) -> list[bytes]:
+        """The whole frames that have arrived (at least one; blocks until then). Raises
+        EOFError when the core has closed its end."""
+        frames: list[bytes] = []
+        while not frames:
+            data = os.read(self._fd, self.CHUNK)
+            if not data:
+                raise EOFError
+            self._buffer += data
+            frames = self._take_frames()
+        return frames
+
+    def _take_frames(self) -> list[bytes]:
+        buffer, start, frames = self._buffer, 0, []
+        while len(buffer) - start >= 4:
+            (size,) = struct.unpack_from("!i", buffer, start)
+            head = 4
+            if size == -1:
+                if len(buffer) - start < 12:
+                    break
+                (size,) = struct.unpack_from("!Q", buffer, start + 4)
+                head = 12
+            if len(buffer) - start < head + size:
+                break
+            frames.append(bytes(buffer[start + head : start + head + size]))
+            start += head + size
+        del buffer[:start]
+        return frames
+
+
 _live_clients: weakref.WeakSet[EngineCoreClient] = weakref.WeakSet()
 
 
