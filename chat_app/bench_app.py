@@ -12,6 +12,14 @@ does the same work. The runs (`--runs`, in this order):
     engine    the in-process engine thread with no app: the reference
     app       the real app on the in-process engine thread
 
+and, on request only, the app's own cost with no model and no GPU (chat_app/bench_synthetic.py):
+
+    synthetic      a stand-in core (a process that sends a token per request every 1.5 ms,
+                   ~5,300 tok/s at 8 tabs) through the real client, with no app
+    app-synthetic  the real app through that client
+
+    tinychat bench app --tabs 8 --new-tokens 256 --runs synthetic,app-synthetic
+
 The app runs headless (Textual's `run_test` at 160x50): the same widgets, layout and Markdown
 as on a terminal, only the final write to the terminal is skipped. The last tab opened is the
 one shown, as when a user watches one tab while the others stream. The core runs go first:
@@ -27,8 +35,10 @@ last token received (tok/s); the stream's rate, from the first token received to
 arrivals of new tokens at each tab's sink, pooled over the tabs (p50, p99; tokens that arrive
 together count once): for the app that is the pane, on the UI thread, where a frame's
 coalesced tokens arrive; with no app it is the engine's output callback, a token a step.
-`x engine` is a run's stream rate over the engine run's; CPU is this process's CPU seconds per
-second of the run (with the core, the app's own cost).
+`x engine` is a run's stream rate over the engine run's (the core's, or the synthetic
+core's, where that is the reference in the run); CPU is this process's CPU seconds per
+second of the run (with the core, the app's own cost), and per 1,000 tokens received (steady
+on a busy machine, where the wall time is not).
 """
 
 from __future__ import annotations
@@ -49,7 +59,8 @@ if TYPE_CHECKING:
     from gpu.outputs import EngineStats, RequestOutput
     from gpu.sampling_params import SamplingParams
 
-RUNS = ("core", "app-core", "engine", "app")
+RUNS = ("synthetic", "app-synthetic", "core", "app-core", "engine", "app")
+DEFAULT_RUNS = ("core", "app-core", "engine", "app")
 SIZE = (160, 50)
 PROMPTS = (
     "Explain how a hash map handles collisions, with a short example in Python.",
@@ -100,6 +111,9 @@ class RunResult:
     # CPU seconds this process used per second of the run (all its threads): with no app,
     # the engine thread's or the core client's; with the app, the UI's on top.
     process_cpu: float = 0.0
+    # The same CPU seconds per 1,000 tokens received: what the app costs a token, whatever
+    # else the machine runs (a busy machine stretches the wall time, not this).
+    cpu_ms_per_1k_tokens: float = 0.0
     x_engine: float | None = None
 
 
@@ -153,6 +167,7 @@ class Arrivals:
             tokens_per_arrival=tokens / count if count else 0.0,
             ttft_p50_ms=1e3 * _percentile(firsts, 50),
             process_cpu=cpu / wall if wall > 0 else 0.0,
+            cpu_ms_per_1k_tokens=1e6 * cpu / tokens if tokens else 0.0,
         )
 
 
@@ -295,8 +310,13 @@ async def _run_app(work: FixedWork, tabs: int, run: str) -> RunResult:
 
                     pane.on_stream_update = timed  # type: ignore[method-assign]
                 arrivals.begin()
-                for pane, prompt in zip(panes, prompts_for(tabs), strict=True):
-                    await pane.send(prompt)
+                # Every tab sends at once, as the runs without the app queue every request at
+                # once: one after another, each send would wait for its widgets to mount (a
+                # frame) before the next tab's request is queued, and the batch would fill
+                # only by steps.
+                await asyncio.gather(
+                    *(pane.send(p) for pane, p in zip(panes, prompts_for(tabs), strict=True))
+                )
                 await _until(lambda: not any(pane.replying for pane in panes), timeout=3600)
                 result = arrivals.result(run, tabs, tabs * work.max_tokens)
                 failed = [
@@ -344,7 +364,8 @@ def bench_engine(
 
 
 def add_ratios(results: list[RunResult]) -> None:
-    reference = next((r for r in results if r.run == "engine"), None)
+    by_run = {r.run: r for r in results}
+    reference = by_run.get("engine") or by_run.get("core") or by_run.get("synthetic")
     for r in results:
         if reference is not None and reference.stream_tok_s > 0:
             r.x_engine = r.stream_tok_s / reference.stream_tok_s
@@ -359,6 +380,15 @@ def core_client(args: argparse.Namespace) -> EngineThread:
     if hasattr(progress, "finish"):
         progress.finish()
     return client
+
+
+def synthetic_client(args: argparse.Namespace) -> EngineThread:
+    """An engine-core client on the stand-in core (chat_app/bench_synthetic.py)."""
+    from chat_app.bench_synthetic import ENTRY, write_model_folder
+    from gpu.engine_core import EngineCoreClient
+
+    folder = write_model_folder(Path(tempfile.gettempdir()) / "tinychat-bench-app-synthetic")
+    return EngineCoreClient(str(folder), "cpu", _engine_config(args), entry=ENTRY)
 
 
 def _engine_config(args: argparse.Namespace):
@@ -435,7 +465,7 @@ def choose_runs(args: argparse.Namespace) -> list[str]:
             raise ValueError(f"unknown run(s) {', '.join(sorted(unknown))}: use {', '.join(RUNS)}")
         return [r for r in RUNS if r in runs]
     with_core = _core_available()
-    return [r for r in RUNS if with_core or r not in ("core", "app-core")]
+    return [r for r in DEFAULT_RUNS if with_core or r not in ("core", "app-core")]
 
 
 def build_engine(args: argparse.Namespace) -> tuple[Any, str]:
@@ -465,6 +495,12 @@ def run_bench_app(
         label = f"{args.config} (random bf16 weights)"
         folder = random_model_folder(args.config, args.layers)
         args = argparse.Namespace(**{**vars(args), "model": str(folder), "config": None})
+    if {"synthetic", "app-synthetic"} & set(runs):
+        client = synthetic_client(args)
+        label = label or "synthetic core (no model)"
+        results += bench_engine(
+            client, args.tabs, args.new_tokens, runs, ("synthetic", "app-synthetic")
+        )
     if {"core", "app-core"} & set(runs):
         client = core_client(args)
         results += bench_engine(client, args.tabs, args.new_tokens, runs, ("core", "app-core"))
@@ -502,7 +538,7 @@ def print_report(report: dict[str, Any]) -> None:
     )
     print(
         f"{'run':<10}{'tok/s':>9}{'stream':>9}{'x engine':>10}{'gap p50 ms':>12}{'gap p99 ms':>12}"
-        f"{'gap max ms':>12}{'tok/arrival':>13}{'TTFT ms':>9}{'CPU':>6}"
+        f"{'gap max ms':>12}{'tok/arrival':>13}{'TTFT ms':>9}{'CPU':>6}{'CPU ms/1k tok':>15}"
     )
     for r in report["runs"]:
         ratio = f"{r['x_engine']:.2f}x" if r["x_engine"] is not None else ""
@@ -510,6 +546,7 @@ def print_report(report: dict[str, Any]) -> None:
             f"{r['run']:<10}{r['tok_s']:>9.1f}{r['stream_tok_s']:>9.1f}{ratio:>10}{r['gap_p50_ms']:>12.2f}"
             f"{r['gap_p99_ms']:>12.2f}{r['gap_max_ms']:>12.1f}{r['tokens_per_arrival']:>13.2f}"
             f"{r['ttft_p50_ms']:>9.1f}{r['process_cpu']:>6.2f}"
+            f"{r.get('cpu_ms_per_1k_tokens', 0.0):>15.1f}"
         )
     short = [r["run"] for r in report["runs"] if r["tokens"] != r["tokens_requested"]]
     if short:
