@@ -1,6 +1,7 @@
 """From the engine thread to the UI thread: a hand-off that never blocks either side.
 
-The engine calls `OutputBridge.on_output` on its own thread for every token of every request.
+The engine calls `OutputBridge.on_output` on its own thread with each request's new tokens (a
+step's, or with the engine core's client, everything that arrived in one read).
 That call only appends to a deque and, if the UI has not already been told, posts one
 `OutputsReady` message (Textual's `post_message` is thread-safe and does not wait). The UI then
 drains the deque at most once per frame, merging each request's deltas into one

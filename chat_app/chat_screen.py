@@ -20,7 +20,7 @@ from textual.binding import Binding
 from textual.content import Content
 from textual.css.query import NoMatches
 from textual.screen import Screen
-from textual.widgets import Footer, TabbedContent
+from textual.widgets import ContentSwitcher, Footer, TabbedContent
 
 from chat_app.commands import ChatCommands
 from chat_app.engine_client import EngineClient
@@ -118,7 +118,14 @@ class ChatScreen(Screen[None]):
 
     @property
     def panes(self) -> list[ChatPane]:
-        return list(self.tabs.query(ChatPane))
+        # The switcher's children, not a query of the whole tree: the footer asks (through
+        # check_action) for every binding whenever bindings refresh, and a query would walk
+        # every block of every reply in every tab.
+        try:
+            switcher = self.tabs.get_child_by_type(ContentSwitcher)
+        except NoMatches:  # not composed yet
+            return []
+        return [child for child in switcher.children if isinstance(child, ChatPane)]
 
     @property
     def active_pane(self) -> ChatPane:
@@ -144,7 +151,9 @@ class ChatScreen(Screen[None]):
                 tab = self.tabs.get_tab(pane)
             except NoMatches:
                 continue  # closing: its tab went first
-            tab.label = Content(f"{marker}{n} {title}")
+            label = f"{marker}{n} {title}"
+            if tab.label_text != label:  # a relabel re-lays the tab bar out: only changes
+                tab.label = Content(label)
 
     def _save_tabs(self) -> None:
         if self._store is not None:
@@ -158,11 +167,12 @@ class ChatScreen(Screen[None]):
         self.refresh_status()
 
     @on(ChatPane.Changed)
-    def _pane_changed(self) -> None:
+    def _pane_changed(self, event: ChatPane.Changed) -> None:
         self._relabel()
         self._save_tabs()
-        self.refresh_bindings()  # Stop / Undo reset come and go from the footer
-        self.refresh_status()
+        if event.pane is self.tabs.active_pane:  # the footer shows the active tab's actions
+            self.refresh_bindings()  # Stop / Undo reset come and go from the footer
+            self.refresh_status()
 
     def show_pane(self, pane: ChatPane) -> None:
         self.tabs.active = pane.id or ""

@@ -130,19 +130,20 @@ class ChatPane(TabPane):
         self._recall_index = None
         self.input.clear()
         user = UserMessage(self.session.add_user(text))
-        await self._add(user)
         if self._client.loading:
+            await self._add(user)
             self._waiting_for_engine = True
             await self.notice("The model is still loading: your message goes out when it is ready.")
-        elif not await self._request_reply():
+        elif not await self._request_reply(user):
             # Refused (longer than the context, say): hand the text back for editing.
             self.session.remove_last_user()
-            await user.remove()
             self.input.show_text(text)
         self._changed()
 
-    async def _request_reply(self) -> bool:
-        """Ask for a reply to the conversation as it stands (it ends with the user's turn)."""
+    async def _request_reply(self, *before: Widget) -> bool:
+        """Ask for a reply to the conversation as it stands (it ends with the user's turn);
+        `before` (the user's message) is shown with it. The request is queued before anything
+        is mounted: the engine starts while the widgets are laid out."""
         try:
             started = self._client.start_reply(
                 self.session.prompt_messages(),
@@ -151,17 +152,18 @@ class ChatPane(TabPane):
                 label=self.id or "chat",
             )
         except (EngineUnavailable, ValueError) as error:
-            await self.notice(f"Not sent: {error}", error=True)
+            await self._add(Notice(f"Not sent: {error}", error=True))
             return False
         # No await between queueing the request and recording it: updates for it are
         # delivered between awaits, and must find this pane ready for them.
         self._request_id = started.request_id
         self.last_metrics = None
         self._reply = AssistantReply(self.session.begin_reply())
+        widgets: list[Widget] = list(before)
         if started.dropped_turns > self._out_of_view:
-            await self.notice(_out_of_view_text(started.dropped_turns))
+            widgets.append(Notice(_out_of_view_text(started.dropped_turns)))
         self._out_of_view = started.dropped_turns
-        await self._add(self._reply)
+        await self._add(*widgets, self._reply)
         return True
 
     async def engine_ready(self) -> None:
