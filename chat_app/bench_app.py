@@ -82,8 +82,9 @@ def add_bench_app_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--runs",
         default=None,
-        help=f"comma-separated, of {', '.join(RUNS)} (default: all; --config's random weights "
-        "are written to a model folder once, which every run loads)",
+        help=f"comma-separated, of {', '.join(RUNS)} (default: {', '.join(DEFAULT_RUNS)}; "
+        "--config's random weights are written to a model folder once, which every run "
+        "loads; synthetic and app-synthetic need no model: a stand-in core)",
     )
 
 

@@ -35,3 +35,20 @@ def test_bench_app_runs_the_engine_and_the_app_and_writes_sane_json(tmp_path: Pa
     assert runs["engine"]["tokens_per_arrival"] == 1  # the engine's callback: a token a step
     app, engine = runs["app"], runs["engine"]
     assert app["x_engine"] == app["stream_tok_s"] / engine["stream_tok_s"]
+
+
+def test_bench_app_synthetic_runs_need_no_model(tmp_path: Path) -> None:
+    """The stand-in core (a process that sends tokens, no model) through the real client,
+    without and with the app: what the app's side of streaming costs, on any machine."""
+    out = tmp_path / "synthetic.json"
+    args = build_parser().parse_args(
+        ["bench", "app", "--tabs", "2", "--new-tokens", "32"]
+        + ["--runs", "synthetic,app-synthetic", "--json", str(out)]
+    )
+    assert run_bench_app(args) == 0
+    runs = {r["run"]: r for r in json.loads(out.read_text())["runs"]}
+    assert list(runs) == ["synthetic", "app-synthetic"]
+    for r in runs.values():
+        assert r["tokens"] == r["tokens_requested"] == 64
+        assert r["chars"] > 0 and r["cpu_ms_per_1k_tokens"] > 0
+    assert runs["synthetic"]["x_engine"] == 1.0  # the reference where no engine ran
