@@ -84,7 +84,11 @@ def _bench(args: argparse.Namespace, client: Any) -> dict[str, Any]:
 
     engine = client.engine
     vocab = engine.vocab_size
-    results: dict[str, Any] = {"device": engine.device, "clients": args.clients}
+    results: dict[str, Any] = {
+        "device": engine.device,
+        "clients": args.clients,
+        "http_stack": http_stack(),
+    }
     # Warm-up: the whole batch once, so that neither timed run pays for a batch size's first
     # graph capture. Each run has prompts of its own (same lengths): a run after another
     # with the same prompts would find them in the prefix cache.
@@ -116,6 +120,16 @@ def _bench(args: argparse.Namespace, client: Any) -> dict[str, Any]:
     finally:
         server.stop()
     return results
+
+
+def http_stack() -> str:
+    """The transport uvicorn picks here ("auto"): its C one (httptools, uvloop) where they are
+    installed, else h11 and asyncio's loop, at about twice the CPU per streamed event."""
+    from importlib.util import find_spec
+
+    http = "httptools" if find_spec("httptools") else "h11"
+    loop = "uvloop" if find_spec("uvloop") else "asyncio"
+    return f"{http}+{loop}"
 
 
 def _warm_up_http(url: str, vocab: int) -> None:
@@ -362,7 +376,8 @@ def check_streams(
 
 def print_serve(r: dict[str, Any]) -> None:
     out = sys.stdout
-    out.write(f"\nbench serve: {r['model']}, {r['clients']} concurrent streaming clients\n")
+    stack = f" (server: {r['http_stack']})" if "http_stack" in r else ""
+    out.write(f"\nbench serve: {r['model']}, {r['clients']} concurrent streaming clients{stack}\n")
     out.write(f"{'path':<22}{'tok/s':>9}{'TTFT p50':>10}{'p99':>9}{'ITL p50':>9}{'p99':>8}"
               f"{'tokens':>9}{'errors':>7}\n")  # fmt: skip
     for name, key in (("engine client alone", "engine"), ("HTTP (tinychat serve)", "http")):

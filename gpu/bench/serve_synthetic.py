@@ -192,9 +192,12 @@ def measure(streams: int, tokens: int, period: float) -> dict[str, Any]:
         server.stop()
         client.shutdown()
     run = json.loads(out.stdout)
+    from gpu.bench.serve import http_stack
+
     delivered = run["tokens"]
     wall = run["wall_s"]
     return {
+        "http_stack": http_stack(),
         "streams": streams,
         "tokens_per_stream": tokens,
         "period_ms": period * 1e3,
@@ -229,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['tok_s']:,.0f} tok/s, {r['events_s']:,.0f} events/s "
             f"({r['tokens_per_event']:.2f} tokens/event); event loop "
             f"{r['loop_cpu_s_per_s']:.2f} CPU s/s, {r['loop_us_per_token']:.1f} us/token, "
-            f"{r['loop_us_per_event']:.1f} us/event",
+            f"{r['loop_us_per_event']:.1f} us/event ({r['http_stack']})",
             flush=True,
         )
     return 0
