@@ -397,6 +397,8 @@ class FrameReader:
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
+        self._chunk = bytearray(self.CHUNK)  # reused: a fresh 1 MiB bytes a read would cost
+        self._view = memoryview(self._chunk)
         self._buffer = bytearray()
 
     def read_frames(self) -> list[bytes]:
@@ -404,10 +406,10 @@ class FrameReader:
         EOFError when the core has closed its end."""
         frames: list[bytes] = []
         while not frames:
-            data = os.read(self._fd, self.CHUNK)
-            if not data:
+            n = os.readv(self._fd, [self._chunk])
+            if not n:
                 raise EOFError
-            self._buffer += data
+            self._buffer += self._view[:n]
             frames = self._take_frames()
         return frames
 
