@@ -171,6 +171,10 @@ def test_settings_screen_refusing_an_invalid_value(tmp_path: Path, snap_compare)
         await pilot.press("ctrl+s")
         for text_area in app.screen.query(TextArea):
             text_area.cursor_blink = False
+        # No focus, so no cursor: a focused field's blinking cursor made the picture depend on
+        # the moment it was taken.
+        app.screen.set_focus(None)
+        await pilot.pause()
 
     assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
 
