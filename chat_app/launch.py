@@ -113,7 +113,7 @@ def engine_factory(
     from gpu.backends.cpu_threads import resolve_threads
 
     options = {} if max_model_len is None else {"max_model_len": max_model_len}
-    # On the cpu the engine's products leave the UI a core (issue 24); precision: --precision.
+    # On the cpu the engine's products leave the UI a core; precision: --precision.
     options.update(precision=precision, cpu_threads=resolve_threads(None, reserve=1))
     if engine_process:
         from gpu.engine_core import EngineCoreClient

@@ -26,7 +26,7 @@ def bf16_bits_to_float32(bits: np.ndarray) -> np.ndarray:
 # Elements converted at a time: the chunk's uint32 temporary (1 MiB) stays in the CPU's cache,
 # so memory sees one read of the input and one write of the output. Whole-array numpy
 # expressions made five full-size temporaries: 1.2 B random float32 weights took 7-8 s of the
-# benchmark's start-up on the H200's host (ninth session, cProfile); chunked, ~15x faster.
+# benchmark's start-up on the H200's host (cProfile); chunked, ~15x faster.
 _CHUNK = 1 << 18
 
 
