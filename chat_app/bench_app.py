@@ -385,11 +385,29 @@ def core_client(args: argparse.Namespace) -> EngineThread:
 
 def synthetic_client(args: argparse.Namespace) -> EngineThread:
     """An engine-core client on the stand-in core (chat_app/bench_synthetic.py)."""
-    from chat_app.bench_synthetic import ENTRY, write_model_folder
+    from chat_app.bench_synthetic import ENTRY
     from gpu.engine_core import EngineCoreClient
 
-    folder = write_model_folder(Path(tempfile.gettempdir()) / "tinychat-bench-app-synthetic")
+    folder = synthetic_model_folder(Path(tempfile.gettempdir()) / "tinychat-bench-app-synthetic")
     return EngineCoreClient(str(folder), "cpu", _engine_config(args), entry=ENTRY)
+
+
+def synthetic_model_folder(
+    folder: Path, vocab_size: int = 32_000, step_s: float | None = None
+) -> Path:
+    """The folder the stand-in core 'loads': a word-per-id tokenizer (paragraph_tokenizer)
+    and the core's settings (step_s: its STEP_S unless given). Written once per settings."""
+    from chat_app.bench_synthetic import SETTINGS_FILE, STEP_S
+
+    settings = {"step_s": step_s or STEP_S, "vocab_size": vocab_size}
+    path = folder / SETTINGS_FILE
+    if path.exists() and json.loads(path.read_text()) == settings:
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    paragraph_tokenizer(vocab_size).save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": None}))
+    path.write_text(json.dumps(settings))
+    return folder
 
 
 def _engine_config(args: argparse.Namespace):

@@ -10,7 +10,8 @@ for each running request; sends block when the client falls behind, as the real 
 an app that cannot keep up slows the stream the same way. The token ids are drawn from the
 model folder's vocabulary (bench_app's word-per-id tokenizer: realistic text to render).
 
-The model folder holds tokenizer.json and `synthetic.json` ({"step_s": .., "vocab_size": ..}).
+The model folder holds tokenizer.json and `synthetic.json` ({"step_s": .., "vocab_size": ..}):
+bench_app.synthetic_model_folder writes it.
 """
 
 from __future__ import annotations
@@ -118,19 +119,3 @@ class SyntheticCore:
             tokens_per_s=batch / self.step_s,
             last_step=StepStats(batch, 0, batch, self.step_s),
         )
-
-
-def write_model_folder(folder: Path, vocab_size: int = 32_000, step_s: float = STEP_S) -> Path:
-    """The folder the synthetic core 'loads': a word-per-id tokenizer (bench_app's) and the
-    core's settings. Written once per settings."""
-    from chat_app.bench_app import paragraph_tokenizer
-
-    settings = {"step_s": step_s, "vocab_size": vocab_size}
-    path = folder / SETTINGS_FILE
-    if path.exists() and json.loads(path.read_text()) == settings:
-        return folder
-    folder.mkdir(parents=True, exist_ok=True)
-    paragraph_tokenizer(vocab_size).save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": None}))
-    path.write_text(json.dumps(settings))
-    return folder

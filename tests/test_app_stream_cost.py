@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 from app_doubles import FakeEngine, async_test, fake_app, open_tab, wait_until
 
-from chat_app.bench_synthetic import ENTRY, write_model_folder
+from chat_app.bench_app import synthetic_model_folder
+from chat_app.bench_synthetic import ENTRY
 from gpu.engine_core import EngineCoreClient
 from gpu.engine_core.client import FrameReader
 from gpu.outputs import RequestOutput
@@ -32,7 +33,7 @@ TOKENS = 300
 @pytest.fixture(scope="module")
 def synthetic_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("synthetic-core")
-    return write_model_folder(folder, vocab_size=256, step_s=0.0005)
+    return synthetic_model_folder(folder, vocab_size=256, step_s=0.0005)
 
 
 def test_a_slow_consumer_gets_one_output_per_request_for_each_backlog(
