@@ -150,4 +150,7 @@ async def test_background_tabs_streaming_do_not_refresh_the_footer(
         assert refreshes == []  # six changes (three sends, three ends), all in hidden tabs
         await shown.send("and this one")
         await wait_until(pilot, lambda: not shown.replying, "the shown tab's reply")
+        # The end's refresh may land a frame after `replying` turns False.
+        await wait_until(pilot, lambda: len(refreshes) >= 2, "the shown tab's refreshes")
+        await pilot.pause(0.1)
         assert len(refreshes) == 2  # its send and its end
