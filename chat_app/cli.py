@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
 
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a tool whose reader left
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -410,6 +412,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("\ntinychat: interrupted\n")
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader of stdout left (`tinychat history | head -1`): stop quietly, as a tool
+        # killed by SIGPIPE does, and point stdout at /dev/null so the exit's flush is quiet too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except _known_errors() as exc:
         sys.stderr.write(f"tinychat: error: {exc}\n")
         return EXIT_ERROR

@@ -246,3 +246,25 @@ def test_pull_reuses_the_cache(default_model_dir, tinychat_test_home):
     assert r.returncode == 0, r.stderr
     assert Path(r.stdout.strip()) == default_model_dir
     assert "download" not in r.stderr.lower()  # already converted: nothing fetched
+
+
+def test_a_reader_that_leaves_stops_tinychat_quietly(tmp_path):
+    """`tinychat history | head -c 1`: the pipe closes under the writer, which stops
+    quietly with 141 (128 + SIGPIPE), not with "tinychat: error: [Errno 32] Broken pipe"."""
+    script = (
+        "import sys; from chat_app import cli\n"
+        "def flood(args):\n"
+        "    while True:\n"
+        "        sys.stdout.write('x' * 65536); sys.stdout.flush()\n"
+        "cli.COMMANDS['history'] = flood\n"
+        "sys.exit(cli.main(['history']))\n"
+    )
+    env = {**os.environ, "TINYCHAT_HOME": str(tmp_path)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    proc.stdout.read(1)
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 141, err
+    assert b"Broken pipe" not in err and b"Traceback" not in err, err

@@ -6,6 +6,7 @@ One core serves the tests of this module (a build costs seconds); each test leav
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,10 @@ def test_streams_deltas_and_describes_the_engine(client: EngineCoreClient) -> No
         len(o.outputs[0].token_ids) for o in outs
     )
     assert m.first_token_time is not None and m.time_to_first_token > 0
+    # The core sends a stats snapshot when it goes idle; it may arrive after the last output.
+    deadline = time.monotonic() + 10
+    while client.stats().num_running and time.monotonic() < deadline:
+        time.sleep(0.01)
     stats = client.stats()
     assert stats.kv_blocks_total > 0 and stats.prefix_cache_queries > 0
     assert stats.num_running == 0  # the snapshot sent when the core went idle

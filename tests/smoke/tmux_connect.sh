@@ -111,7 +111,11 @@ done
 status=$(cat "$STATUS_FILE")
 rm -f "$STATUS_FILE"
 [ "$status" = 0 ] || fail "tinychat exited with status $status"
-$TINYCHAT history | grep -qF "What is the capital of France?" || fail "the chat is not in the history"
+# (into a file first: with pipefail, `grep -q` leaving early would fail the pipeline)
+HISTORY_OUT=$(mktemp)
+$TINYCHAT history >"$HISTORY_OUT" || fail "tinychat history failed"
+grep -qF "What is the capital of France?" "$HISTORY_OUT" || fail "the chat is not in the history"
+rm -f "$HISTORY_OUT"
 
 # 6. The server stops on Ctrl+C, its engine core with it.
 kill -INT "$SERVER_PID"
