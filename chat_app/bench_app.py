@@ -55,6 +55,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chat_app.bench_app_results import Arrivals, RunResult, add_ratios, print_report
+from gpu.bench import fixtures
+from gpu.bench.fixtures import engine_config
 
 if TYPE_CHECKING:
     from chat_app.engine_api import EngineThread, OutputCallback
@@ -64,6 +66,7 @@ if TYPE_CHECKING:
 RUNS = ("synthetic", "app-synthetic", "core", "app-core", "engine", "app")
 DEFAULT_RUNS = ("core", "app-core", "engine", "app")
 SIZE = (160, 50)
+PARAGRAPH = 64  # one word in 64 opens a paragraph: the app's Markdown gets blocks to lay out
 PROMPTS = (
     "Explain how a hash map handles collisions, with a short example in Python.",
     "Write a haiku about the sea, then explain its imagery line by line.",
@@ -280,7 +283,7 @@ def core_client(args: argparse.Namespace) -> EngineThread:
     from gpu.engine_core import EngineCoreClient
 
     progress = getattr(args, "progress", None)  # the command line's bar
-    client = EngineCoreClient(args.model, args.device, _engine_config(args), progress=progress)
+    client = EngineCoreClient(args.model, args.device, engine_config(args), progress=progress)
     if hasattr(progress, "finish"):
         progress.finish()
     return client
@@ -292,13 +295,13 @@ def synthetic_client(args: argparse.Namespace) -> EngineThread:
     from gpu.engine_core import EngineCoreClient
 
     folder = synthetic_model_folder(Path(tempfile.gettempdir()) / "tinychat-bench-app-synthetic")
-    return EngineCoreClient(str(folder), "cpu", _engine_config(args), entry=ENTRY)
+    return EngineCoreClient(str(folder), "cpu", engine_config(args), entry=ENTRY)
 
 
 def synthetic_model_folder(
     folder: Path, vocab_size: int = 32_000, step_s: float | None = None
 ) -> Path:
-    """The folder the stand-in core 'loads': a word-per-id tokenizer (paragraph_tokenizer)
+    """The folder the stand-in core 'loads': a word-per-id tokenizer (gpu/bench/fixtures.py)
     and the core's settings (step_s: its STEP_S unless given). Written once per settings."""
     from chat_app.bench_synthetic import SETTINGS_FILE, STEP_S
 
@@ -307,68 +310,23 @@ def synthetic_model_folder(
     if path.exists() and json.loads(path.read_text()) == settings:
         return folder
     folder.mkdir(parents=True, exist_ok=True)
-    paragraph_tokenizer(vocab_size).save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": None}))
+    fixtures.save_word_tokenizer(folder, vocab_size, paragraph=PARAGRAPH)
     path.write_text(json.dumps(settings))
     return folder
-
-
-def _engine_config(args: argparse.Namespace):
-    from gpu.config import EngineConfig
-
-    config = EngineConfig(
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        enforce_eager=args.enforce_eager,
-    )
-    if args.async_scheduling is not None:
-        config.async_scheduling = args.async_scheduling
-    return config
 
 
 def random_model_folder(config_name: str, layers: int | None) -> Path:
     """--config's random weights as a model folder, written once and reused: the app needs
     a tokenizer and a chat template, the engine core loads a model by path, and every run
     must run the same weights (how flat the logits are sets how much work top-p does)."""
-    from gpu.presets import preset_config
-    from weights.random_model import write_random_model
-
-    overrides = {"num_hidden_layers": layers} if layers else {}
-    config = preset_config(config_name, **overrides)
     name = f"tinychat-bench-app-{config_name}" + (f"-{layers}-layers" if layers else "")
     folder = Path(tempfile.gettempdir()) / name
     done = folder / ".complete"
     if not done.exists():
         print(f"writing {config_name}'s random weights to {folder} (once)...", flush=True)
-        write_random_model(folder, config, seed=0)
-        paragraph_tokenizer(config.vocab_size).save(str(folder / "tokenizer.json"))
-        # No special tokens: the app's chat template is the built-in ChatML one, and the
-        # requests ignore the end of sequence.
-        (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": None}))
+        fixtures.random_model_folder(folder, config_name, layers, paragraph=PARAGRAPH)
         done.touch()
     return folder
-
-
-def paragraph_tokenizer(vocab_size: int, paragraph: int = 64) -> Any:
-    """A tokenizer whose every id decodes to a word of its own, one id in `paragraph` to a
-    word that opens a new paragraph: random weights pick ids all over the vocabulary, and a
-    byte-level tokenizer would decode nearly all of them to nothing, leaving the app no text
-    to render. Words are three letters and digits and a number, joined by spaces."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
-    vocab = {}
-    for i in range(vocab_size):
-        a, rest = divmod(i, len(alphabet) ** 2)
-        b, c = divmod(rest, len(alphabet))
-        word = f"{alphabet[a % len(alphabet)]}{alphabet[b]}{alphabet[c]}{a // len(alphabet)}"
-        vocab["\n\n" + word if i % paragraph == paragraph - 1 else word] = i
-    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="aaa0"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # words, spaces between
-    return tokenizer
 
 
 def _core_available() -> bool:
@@ -395,7 +353,7 @@ def build_engine(args: argparse.Namespace) -> tuple[Any, str]:
     from gpu.loader import create_engine
 
     progress = getattr(args, "progress", None)  # the command line's bar
-    engine = create_engine(args.model, args.device, _engine_config(args), progress=progress)
+    engine = create_engine(args.model, args.device, engine_config(args), progress=progress)
     if hasattr(progress, "finish"):
         progress.finish()
     return engine, args.model or "default"

@@ -10,7 +10,8 @@ import json
 import pytest
 
 from chat_app.cli import main as tinychat_main
-from gpu.bench.serve import check_streams, word_tokenizer
+from gpu.bench.fixtures import word_tokenizer
+from gpu.bench.serve import check_streams
 
 pytestmark = pytest.mark.slow
 

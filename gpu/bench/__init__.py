@@ -97,18 +97,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
 
 def _build(args: argparse.Namespace):
     """The engine under test and, for --config, the random weights (for --compare)."""
-    from gpu.config import EngineConfig
+    from gpu.bench.fixtures import engine_config
 
-    cfg = EngineConfig(
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        enforce_eager=args.enforce_eager,
-        precision=getattr(args, "precision", None),
-    )
-    if args.async_scheduling is not None:
-        cfg.async_scheduling = args.async_scheduling
+    cfg = engine_config(args)
     if args.config is None:
         from gpu.loader import create_engine
 

@@ -418,17 +418,10 @@ def print_serve(r: dict[str, Any]) -> None:
 
 
 def _engine_client(args: argparse.Namespace, folder: str | None):
-    from gpu.config import EngineConfig
+    from gpu.bench.fixtures import engine_config
     from gpu.entrypoints.openai.async_engine import build_engine_client
 
-    config = EngineConfig(
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        enforce_eager=args.enforce_eager,
-        precision=getattr(args, "precision", None),
-    )
+    config = engine_config(args)
     progress = getattr(args, "progress", None)
     client = build_engine_client(folder, args.device, config, progress=progress)
     if hasattr(progress, "finish"):
@@ -441,30 +434,6 @@ def _model_folder(args: argparse.Namespace, tmp: Path) -> str | None:
     """--model as given; --config: the preset's random weights written under `tmp`."""
     if args.config is None:
         return args.model
-    from gpu.presets import preset_config
-    from weights import write_random_model
+    from gpu.bench.fixtures import random_model_folder
 
-    overrides = {"num_hidden_layers": args.layers} if args.layers else {}
-    config = preset_config(args.config, **overrides)
-    folder = write_random_model(tmp / args.config, config, seed=0)
-    word_tokenizer(config.vocab_size).save(str(folder / "tokenizer.json"))
-    # No special tokens in words; the end of a sequence is the config's eos id (ignore_eos).
-    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": None}))
-    return str(folder)
-
-
-def word_tokenizer(vocab_size: int):
-    """A tokenizer whose every id below vocab_size decodes to a word of its own (three ASCII
-    letters and digits), so random weights stream text whatever id they pick."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
-    words = {}
-    for i in range(vocab_size):
-        a, rest = divmod(i, len(alphabet) ** 2)
-        b, c = divmod(rest, len(alphabet))
-        words[f"{alphabet[a % len(alphabet)]}{alphabet[b]}{alphabet[c]}{a // len(alphabet)}"] = i
-    tok = Tokenizer(models.WordLevel(vocab=words, unk_token="aaa0"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
-    return tok
+    return str(random_model_folder(tmp / args.config, args.config, args.layers))
