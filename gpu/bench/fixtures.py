@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -73,4 +74,20 @@ def random_model_folder(
     config = preset_config(config_name, **overrides)
     write_random_model(folder, config, seed=0)
     save_word_tokenizer(folder, config.vocab_size, paragraph)
+    return folder
+
+
+def cached_random_model_folder(
+    config_name: str, layers: int | None = None, paragraph: int | None = None
+) -> Path:
+    """random_model_folder in the system's temporary folder, written once and reused by every
+    later bench on this machine (Llama-3.2-1B's 2.5 GB take ~16 s to draw and write; the
+    same weights in every run also keep the logits, and so top-p's work, the same)."""
+    name = f"tinychat-bench-{config_name}" + (f"-{layers}-layers" if layers else "")
+    folder = Path(tempfile.gettempdir()) / (name + (f"-p{paragraph}" if paragraph else ""))
+    done = folder / ".complete"
+    if not done.exists():
+        print(f"writing {config_name}'s random weights to {folder} (once)...", flush=True)
+        random_model_folder(folder, config_name, layers, paragraph)
+        done.touch()
     return folder

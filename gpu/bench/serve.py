@@ -64,13 +64,11 @@ def run_serve_bench(args: argparse.Namespace) -> int:
         http = _summary(_run_clients(spec), args.new_tokens)
         print_serve({"model": args.url, "clients": args.clients, "http": http})
         return 0
-    with tempfile.TemporaryDirectory(prefix="tinychat-bench-serve-") as tmp:
-        folder = _model_folder(args, Path(tmp))
-        client = _engine_client(args, folder)
-        try:
-            results = _bench(args, client)
-        finally:
-            client.shutdown()
+    client = _engine_client(args, _model_folder(args))
+    try:
+        results = _bench(args, client)
+    finally:
+        client.shutdown()
     results["model"] = args.config or args.model or "default"
     if args.json_path:
         with open(args.json_path, "w") as f:
@@ -430,10 +428,10 @@ def _engine_client(args: argparse.Namespace, folder: str | None):
     return client
 
 
-def _model_folder(args: argparse.Namespace, tmp: Path) -> str | None:
-    """--model as given; --config: the preset's random weights written under `tmp`."""
+def _model_folder(args: argparse.Namespace) -> str | None:
+    """--model as given; --config: the preset's random weights, written once."""
     if args.config is None:
         return args.model
-    from gpu.bench.fixtures import random_model_folder
+    from gpu.bench.fixtures import cached_random_model_folder
 
-    return str(random_model_folder(tmp / args.config, args.config, args.layers))
+    return str(cached_random_model_folder(args.config, args.layers))
