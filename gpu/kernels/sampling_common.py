@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda, float32, float64, int32, int64, uint16, uint64
+from numba import cuda, float32, float64, int32, int64, uint16, uint32, uint64
 
 from gpu.kernels.bf16 import ordered_key
 from gpu.kernels.launch import MAX_THREADS, SIMULATOR, device_function, threads
@@ -164,3 +164,40 @@ def load(logits, cand_val, cand_idx, row, j, compact, xs, vs, u):
     else:
         xs[u] = logits[row, j]
         vs[u] = j
+
+
+if SIMULATOR:
+
+    @device_function
+    def claim_slot(rowi, row, want, capacity, full):
+        """The simulator's twin of the warp-aggregated claim below: one atomic per score."""
+        if not want:
+            return int64(-1)
+        slot = cuda.atomic.add(rowi, (R_COUNT, row), int64(1))
+        if slot + 1 > capacity:
+            full[0] = 1
+        return slot
+
+else:
+
+    @device_function
+    def claim_slot(rowi, row, want, capacity, full):
+        """A slot in the row's candidate buffer for each lane that `want`s one (-1 for the
+        others): one atomic add to the row's counter per warp (the lanes' ballot), not per
+        score: a flat row's copy sent ~128k atomics to one address. Sets full[0] once the
+        count passes capacity (the row stays on its logits; the block stops copying)."""
+        mask = cuda.activemask()
+        ballot = uint32(cuda.ballot_sync(mask, want))
+        if ballot == 0:
+            return int64(-1)
+        leader = 31 - cuda.clz(ballot)
+        first = int64(0)
+        if cuda.laneid == leader:
+            n = int64(cuda.popc(ballot))
+            first = cuda.atomic.add(rowi, (R_COUNT, row), n)
+            if first + n > capacity:
+                full[0] = 1
+        first = cuda.shfl_sync(mask, first, leader)
+        if not want:
+            return int64(-1)
+        return first + int64(cuda.popc(ballot & uint32(cuda.lanemask_lt())))

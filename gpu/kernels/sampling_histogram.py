@@ -5,11 +5,20 @@ down, and find the bin where the running count (or mass) reaches what is asked.
 Each block counts into a shared BINS-bin histogram and adds it into the row's global one
 ([rows, BINS] int64 in the scratch); the row's last block (sampling_common.last_block) reads
 it here with atomic exchanges, which leave it zeroed for the next pass.
+
+The shared histogram is two uint32 arrays, not one int64 array: sm_90 has no 64-bit add in
+shared memory (an int64 atomic there compiles to a compare-and-swap spin loop, ATOMS.CAST.SPIN.64,
+which retries once per colliding lane: a flat row sends most of its scores into a few bins).
+A count fits 32 bits (a block reads under 2**19 scores). A mass (int64 fixed point, under
+2**44 a score) goes in as its low 32 bits (native ATOMS.ADD, whose returned old value shows a
+carry out of bit 31) and its high bits plus that carry into the second array, in units of 2**32
+(under 2**19 * (2**12 + 1) < 2**32 a bin): the bin's total is hi * 2**32 + lo, the exact integer
+sum whatever the order, as the int64 sum was.
 """
 
 from __future__ import annotations
 
-from numba import cuda, int64
+from numba import cuda, int64, uint32, uint64
 
 from gpu.kernels.launch import device_function
 from gpu.kernels.sampling_common import BINS_PER_THREAD
@@ -78,3 +87,32 @@ def inclusive_scan(scan, value):
         cuda.syncthreads()
         offset *= 2
     return scan[tid]
+
+
+@device_function
+def clear_bins(lo, hi, bins):
+    """Zero this block's shared histogram (every thread calls it; the caller syncs)."""
+    for b in range(cuda.threadIdx.x, bins, cuda.blockDim.x):
+        lo[b] = 0
+        hi[b] = 0
+
+
+@device_function
+def add_mass(lo, hi, b, weight):
+    """Add a fixed-point mass (0 <= weight < 2**44) to bin b: low word, then high word + carry."""
+    low = uint32(weight & 0xFFFFFFFF)
+    high = uint32(weight >> 32)
+    old = cuda.atomic.add(lo, b, low)
+    if uint64(old) + uint64(low) > uint64(0xFFFFFFFF):
+        high = uint32(high + 1)
+    if high != 0:
+        cuda.atomic.add(hi, b, high)
+
+
+@device_function
+def flush_bins(lo, hi, hist, row, bins):
+    """Add this block's shared histogram into the row's global one (after a syncthreads)."""
+    for b in range(cuda.threadIdx.x, bins, cuda.blockDim.x):
+        total = (int64(hi[b]) << 32) + int64(lo[b])
+        if total != 0:
+            cuda.atomic.add(hist, (row, b), total)

@@ -21,7 +21,8 @@ Candidates: after the first digit of either search picks bin B, nothing below B 
 (top-k keeps a subset of bins >= B_k, top-p after it a subset of those, and the draw a subset
 of what both keep; top-p's bins >= B_p hold its whole nucleus, and its normaliser Z was summed
 over the whole row in the first digit). So the second digit's pass also copies every kept
-score of bins >= B (score as stored and token id, through a per-row atomic counter) into the
+score of bins >= B (score as stored and token id, at a slot from the row's counter: one atomic
+per warp, sampling_common.claim_slot; a block stops copying once the buffer overflows) into the
 row's candidate buffer; if they fit (CANDIDATES, 8,192 a row), the row turns compact and every
 later pass (the last digit, the other search, the draw) reads the copy instead of the row:
 top-k + top-p reads the full row in 2 passes instead of 8, top-p alone in 3 instead of 5
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 import math
 
-from numba import cuda, float32, float64, int32, int64
+from numba import cuda, float32, float64, int32, int64, uint32
 
 from gpu.kernels.bf16 import key_to_f32, ordered_key
 from gpu.kernels.pdl import grid_dependency_sync
@@ -58,11 +59,18 @@ from gpu.kernels.sampling_common import (
     THREADS,
     UNROLL,
     block_share,
+    claim_slot,
     kept,
     last_block,
     load,
 )
-from gpu.kernels.sampling_histogram import find_bin, read_histogram
+from gpu.kernels.sampling_histogram import (
+    add_mass,
+    clear_bins,
+    find_bin,
+    flush_bins,
+    read_histogram,
+)
 
 
 def _radix_kernel(use_mass: bool):
@@ -79,10 +87,13 @@ def _radix_kernel(use_mass: bool):
             return
         compact = (mode & MODE_COMPACT) != 0
         compacting = digit == 1 and not compact  # copy the candidates out in this pass
-        hs = cuda.shared.array(BINS, int64)
+        hs = cuda.shared.array(BINS, int64)  # the row's histogram, in the last block
+        lo = cuda.shared.array(BINS, uint32)  # this block's counts, or masses' low words
+        hi = cuda.shared.array(BINS, uint32)  # masses' high words and carries
         scan = cuda.shared.array(THREADS, int64)
         sel = cuda.shared.array(2, int64)
         flag = cuda.shared.array(1, int32)
+        full = cuda.shared.array(1, int32)  # the row's candidates overflowed: stop copying
         tid = cuda.threadIdx.x
         nt = cuda.blockDim.x
         high = 32 - 11 * digit  # the digit is bits [shift, high) of the key
@@ -94,8 +105,9 @@ def _radix_kernel(use_mass: bool):
         min_bound = rowf[R_MIN_BOUND, row]
         kth = rowf[R_KTH, row]
         scale = rowf[R_SCALE, row]
-        for b in range(tid, bins, nt):
-            hs[b] = 0
+        clear_bins(lo, hi, bins)
+        if tid == 0:
+            full[0] = 0
         cuda.syncthreads()
         start, end = block_share(rowi, row, compact, chunk_len, logits.shape[1])
         capacity = cand_val.shape[1]
@@ -108,24 +120,23 @@ def _radix_kernel(use_mass: bool):
                 )
             for u in range(UNROLL):
                 x = xs[u] / scale
-                if base + u * nt < end and kept(x, min_bound, kth):
-                    key = int64(ordered_key(x))
-                    if compacting and (key >> 21) >= (prefix >> 21):
-                        slot = cuda.atomic.add(rowi, (R_COUNT, row), 1)
-                        if slot < capacity:
-                            cand_val[row, slot] = xs[u]  # as stored: read / scale again
-                            cand_idx[row, slot] = vs[u]
-                    if (key & high_mask) == prefix:
-                        if use_mass:
-                            e = float32(math.exp(x - top))
-                            weight = int64(float64(e) * MASS_SCALE + 0.5)
-                        else:
-                            weight = int64(1)
-                        cuda.atomic.add(hs, (key >> shift) & (bins - 1), weight)
+                keep = base + u * nt < end and kept(x, min_bound, kth)
+                key = int64(ordered_key(x)) if keep else int64(0)
+                if compacting and full[0] == 0:
+                    want = keep and (key >> 21) >= (prefix >> 21)
+                    slot = claim_slot(rowi, row, want, capacity, full)
+                    if want and slot < capacity:
+                        cand_val[row, slot] = xs[u]  # as stored: read / scale again
+                        cand_idx[row, slot] = vs[u]
+                if keep and (key & high_mask) == prefix:
+                    b = (key >> shift) & (bins - 1)
+                    if use_mass:
+                        e = float32(math.exp(x - top))
+                        add_mass(lo, hi, b, int64(float64(e) * MASS_SCALE + 0.5))
+                    else:
+                        cuda.atomic.add(lo, b, uint32(1))
         cuda.syncthreads()
-        for b in range(tid, bins, nt):
-            if hs[b] != 0:
-                cuda.atomic.add(hist, (row, b), hs[b])
+        flush_bins(lo, hi, hist, row, bins)
         if not last_block(ticket, row, flag):
             return
         total = read_histogram(hist, row, bins, hs, scan)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 
-from numba import cuda, float32, int32, int64
+from numba import cuda, float32, int32, int64, uint32
 
 from gpu.kernels.bf16 import key_to_f32
 from gpu.kernels.block_reduce import block_max
@@ -69,7 +69,7 @@ from gpu.kernels.sampling_common import (
     last_block,
     pack,
 )
-from gpu.kernels.sampling_histogram import find_bin, read_histogram
+from gpu.kernels.sampling_histogram import clear_bins, find_bin, flush_bins, read_histogram
 
 
 @device_function
@@ -109,7 +109,9 @@ def scores_kernel(
     grid_dependency_sync()
     buf = cuda.shared.array(SLOTS, int64)
     flag = cuda.shared.array(1, int32)
-    hs = cuda.shared.array(BINS, int64)
+    hs = cuda.shared.array(BINS, int64)  # the row's histogram, in the last block
+    lo = cuda.shared.array(BINS, uint32)  # this block's counts (sampling_histogram.py)
+    hi = cuda.shared.array(BINS, uint32)  # (unused by counts: flush_bins reads it as zeros)
     scan = cuda.shared.array(THREADS, int64)
     sel = cuda.shared.array(2, int64)
     row = cuda.blockIdx.x
@@ -131,8 +133,7 @@ def scores_kernel(
     truncate = not greedy and (min_p > 0 or top_k > 0 or top_p < 1)
     fold = truncate and top_k > 0  # top-k's first digit, counted here (see the docstring)
     if fold:
-        for b in range(tid, BINS, cuda.blockDim.x):
-            hs[b] = 0
+        clear_bins(lo, hi, BINS)
         cuda.syncthreads()
 
     cand = int64(NONE)
@@ -156,14 +157,13 @@ def scores_kernel(
                 )
                 cand = max(cand, c)
                 if fold and c >= 0:  # a finite scaled score: its key's top 11 bits
-                    cuda.atomic.add(hs, c >> 52, int64(1))
+                    cuda.atomic.add(lo, c >> 52, uint32(1))
     cand = block_max(buf, cand)
     if tid == 0 and cand >= 0:
         cuda.atomic.max(best, row, cand)
     if fold:
-        for b in range(tid, BINS, cuda.blockDim.x):
-            if hs[b] != 0:
-                cuda.atomic.add(hist, (row, b), hs[b])
+        cuda.syncthreads()
+        flush_bins(lo, hi, hist, row, BINS)
     if not last_block(ticket, row, flag):
         return
     if tid == 0:
