@@ -11,14 +11,18 @@ median of REPS after a warm-up. Logits are N(0, 3^2) (temperature 1: scores as s
 the logits, so every replay does the same work). The budget (module docstring of
 gpu/kernels/sampling.py): ~50 us at batch 1 and 8, ~75 at 64, ~100 at 256.
 
-From the repo root on the GPU machine: python3 tests/device/bench_sampling.py [--quick];
+From the repo root on the GPU machine: python3 tests/device/bench_sampling.py [--quick]
+[--std S] [--batches 1,8,64,256] [--vocabs 128256,49152] [--breakdown-batches 64,256];
 writes $OUT/bench_sampling.json and prints a table last; a first section times each pass
-alone (eager launches with events between them) at batch 1 / 8 / 64 / 256.
+alone (eager launches with events between them) for each truncating case. --std sets the
+logits' spread: 3 by default; ~1.3 is the Llama-3.2-1B random weights' at temperature 0.7 (logits
+of std ~0.9: flat rows whose top-p nucleus holds ~half the vocabulary), where the candidate
+copy overflows and every pass reads the whole row.
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
 
 import numpy as np
 from common import Results
@@ -227,7 +231,7 @@ def passes(logits, f, i, u, state, scratch, out, ring, slot) -> list:
 
 def breakdown(rows: int, vocab: int, params: dict) -> dict:
     """Each pass's time (events between eager launches queued behind a sleeping kernel)."""
-    logits = cuda.to_device((rng.standard_normal((rows, vocab)) * 3).astype(np.float32))
+    logits = cuda.to_device((rng.standard_normal((rows, vocab)) * STD).astype(np.float32))
     md = metadata(rows, params)
     f, i, u = device_params(md)
     state_host = state_table(rows, vocab) if params.get("state") else ts.new_state(1, vocab)
@@ -259,13 +263,20 @@ def breakdown(rows: int, vocab: int, params: dict) -> dict:
     }
 
 
-def breakdowns() -> dict:
-    params = {"temperature": 1.0, "top_k": 50, "top_p": 0.9, "repetition": 1.1, "state": True}
-    return {f"b{rows}": breakdown(rows, 128_256, params) for rows in (1, 8, 64, 256)}
+STD = 3.0  # the logits' standard deviation (--std)
+BREAKDOWN_CASES = ["top_k_50", "top_p_0.9", "min_p_0.1", "penalties_top_p"]
+
+
+def breakdowns(batches: list[int]) -> dict:
+    return {
+        f"{name} b{rows}": breakdown(rows, 128_256, CASES[name])
+        for name in BREAKDOWN_CASES
+        for rows in batches
+    }
 
 
 def run_vocab(vocab: int, batches: list[int]) -> dict:
-    logits_host = (rng.standard_normal((max(batches), vocab)) * 3).astype(np.float32)
+    logits_host = (rng.standard_normal((max(batches), vocab)) * STD).astype(np.float32)
     data = {}
     for rows in batches:
         for name, params in CASES.items():
@@ -291,19 +302,28 @@ def table(data: dict) -> str:
                 mark = "" if r.get("exact", True) else "!"
                 cells.append(f"{r['us']:>11.1f} / {r['us_no_pdl']:>5.1f}{mark:1}")
             lines.append(f"{rows:<7}" + "".join(cells))
-    passes_us = data.get("breakdown_top_k_top_p_penalties")
+    passes_us = data.get("breakdown")
     if isinstance(passes_us, dict):
-        lines.append("\nus per pass (eager), top-k 50 + top-p 0.9 + penalties, vocab 128,256:")
-        for batch, times in passes_us.items():
-            lines.append(f"{batch:<6} {times}")
+        lines.append(f"\nus per pass (eager), vocab 128,256, logits std {STD}:")
+        for case_batch, times in passes_us.items():
+            lines.append(f"{case_batch:<22} {times}")
     return "\n".join(lines)
 
 
 def main() -> None:
-    batches = [1, 8] if "--quick" in sys.argv else BATCHES
+    global STD
+    p = argparse.ArgumentParser()
+    p.add_argument("--quick", action="store_true", help="batches 1 and 8 only")
+    p.add_argument("--std", type=float, default=3.0)
+    p.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    p.add_argument("--vocabs", default=",".join(map(str, VOCABS)))
+    p.add_argument("--breakdown-batches", default="1,8,64,256")
+    args = p.parse_args()
+    STD = args.std
+    batches = [1, 8] if args.quick else [int(b) for b in args.batches.split(",")]
     results = Results("bench_sampling")
-    results.section("breakdown_top_k_top_p_penalties", breakdowns)
-    for vocab in VOCABS:
+    results.section("breakdown", breakdowns, [int(b) for b in args.breakdown_batches.split(",")])
+    for vocab in (int(v) for v in args.vocabs.split(",")):
         results.section(f"vocab{vocab}", run_vocab, vocab, batches)
     print(table(results.data))
 
