@@ -237,6 +237,16 @@ class Collected:
             raise OpenAIError("The request was aborted: the server is shutting down.", 503)
 
 
+def batch_delta(batch: list[RequestOutput]) -> tuple[str, list[int]]:
+    """What one engine batch of a request brought (DELTA outputs): its text and token ids,
+    joined when the engine client handed over several steps at once."""
+    if len(batch) == 1:
+        completion = batch[0].outputs[0]
+        return completion.text, completion.token_ids
+    text = "".join(o.outputs[0].text for o in batch)
+    return text, [t for o in batch for t in o.outputs[0].token_ids]
+
+
 def finish_reason(reason: str | None) -> str | None:
     """OpenAI's finish_reason: "stop" (EOS or a stop string/token) or "length"."""
     return None if reason is None else ("length" if reason == "length" else "stop")

@@ -14,6 +14,7 @@ from gpu.entrypoints.openai.serving import (
     OpenAIServing,
     RequestTimer,
     Usage,
+    batch_delta,
     error_event,
     finish_reason,
     sse,
@@ -132,12 +133,7 @@ class OpenAIServingChat(OpenAIServing):
             async with aclosing(stream):
                 async for batch in stream:
                     timer.count(batch)
-                    if len(batch) == 1:
-                        completion = batch[0].outputs[0]
-                        text, ids = completion.text, completion.token_ids
-                    else:
-                        text = "".join(o.outputs[0].text for o in batch)
-                        ids = [t for o in batch for t in o.outputs[0].token_ids]
+                    text, ids = batch_delta(batch)
                     final = batch[-1]
                     if not final.finished:
                         if with_ids:
