@@ -20,7 +20,7 @@ from textual.widgets import Markdown
 
 from chat_app.bridge import DEFAULT_FPS
 from chat_app.session import ChatMessage
-from chat_app.widgets.messages import PART_CHARS, AssistantReply, part_break
+from chat_app.widgets.messages import LAST_BLOCK, PART_CHARS, AssistantReply, part_break
 
 
 @pytest.fixture
@@ -100,6 +100,14 @@ async def test_a_hidden_tab_renders_nothing_and_catches_up_when_shown(
         await pilot.press("alt+1")
         await wait_until(pilot, lambda: reply.source == final, "the hidden tab caught up")
         assert len(_renders(reply, appends)) == rendered + 1  # in one append
+        # Each part's last block, and it alone, loses its bottom margin; and no style rule
+        # depends on order, which would restyle every sibling of each widget mounted.
+        await pilot.pause(0.1)
+        for part in reply.parts:
+            assert [b for b in part.children if b.has_class(LAST_BLOCK)] == [part.children[-1]]
+            assert part.children[-1].styles.margin.bottom == 0
+            assert part.children[0].styles.margin.bottom == 1
+        assert not any(node._has_order_style for node in app.screen.walk_children())
 
 
 class _ReplyApp(App[None]):
