@@ -28,6 +28,7 @@ from gpu.kernels.sampling import (
     I_TOP_K,
     MIN_CHUNK,
     MODE_COMPACT,
+    MODE_LINEAR,
     NONE,
     R_KTH,
     R_MAX,
@@ -254,11 +255,12 @@ def test_top_k_edges(candidates):
 def test_top_p_and_min_p(candidates):
     rng, seed = fresh_rng()
     vocab = MIN_CHUNK + 33
-    logits = (rng.standard_normal((7, vocab)) * 2).astype(np.float32)
+    logits = (rng.standard_normal((8, vocab)) * 2).astype(np.float32)
     logits[2] = 0.25  # all equal: the cut is a tie of every token
     logits[3, :8] = 5.0  # ties at the top-p edge
     logits[4, rng.permutation(vocab)[:20]] = -np.inf
     logits[6] = -np.inf
+    logits[7] *= 0.15  # flat (random weights): the nucleus is most of the row
     rows = [
         {"temperature": 1.0, "top_p": 0.6},
         {"temperature": 1.5, "min_p": 0.2},
@@ -267,10 +269,20 @@ def test_top_p_and_min_p(candidates):
         {"temperature": 0.9, "top_k": 40, "top_p": 0.8, "min_p": 0.05},
         {"temperature": 1.0, "top_p": 1.0, "min_p": 0.01},
         {"temperature": 1.0, "top_p": 0.5},  # every logit -inf: token 0
+        {"temperature": 0.7, "top_p": 0.9},
     ]
     scratch = sampler_scratch(len(rows), vocab, candidates=candidates)
     _check(logits, _metadata(rows, rng), seed, scratch=scratch)
     _compaction(scratch, len(rows), candidates)
+    # Top-p rows found their cut bin on the linear scale (sampling_linear.py) and, with room
+    # for the two bins, read only the copy after it; with room for 3 the flat and all-equal
+    # rows overflowed and went back to the radix digits over the row.
+    modes = synced(scratch.rowi)[R_MODE, : len(rows)]
+    linear = (modes & MODE_LINEAR) != 0
+    if candidates == CANDIDATES:
+        assert linear[[0, 2, 3, 7]].all()
+    else:
+        assert not linear[[2, 7]].any()
 
 
 @pytest.mark.parametrize("candidates", [CANDIDATES, 3])

@@ -11,9 +11,10 @@ steps) and ~100 us at batch 256 (2.15 ms steps). One block per row uses 1 SM of 
 1, and a binary search of 32 + 32 passes over a 512 KB row (128,256 logits) halved batch-1
 speed with top-p. So every kernel here runs on a grid (rows, chunks) (`chunking`: ~264 blocks
 in all for small batches, down to one or two a row at batch 256, chunks of >= MIN_CHUNK
-logits), and the thresholds are found by radix select in 3 passes each.
+logits), and the thresholds are found by radix select in 3 passes each, over a copy of the
+row's candidates once they fit in a buffer.
 
-The passes, each a kernel (always the same seven, shapes from n and V only: no host sync, one
+The passes, each a kernel (always the same nine, shapes from n and V only: no host sync, one
 CUDA graph; THREADS threads a block, which the histogram loops assume):
 
 1. scores_kernel (sampling_scores.py): bans and penalties from the state (spec step 1), greedy
@@ -21,10 +22,14 @@ CUDA graph; THREADS threads a block, which the histogram loops assume):
    max and min_p bound, and top-k rows count their first radix digit.
 2. radix_count_kernel x 2 (sampling_radix.py, digits 1 and 2 of 11, 11, 10 bits): top-k, the
    k-th largest kept score by radix select over the scores' order-preserving integer keys.
-3. radix_mass_kernel x 3 (sampling_radix.py): top-p, the same search with masses exp(s - max)
-   in fixed point. The second digit of either search copies the row's candidates (every score
-   that can still be kept) into a buffer, and later passes read the copy where it fits.
-4. gumbel_kernel (sampling_draw.py): Gumbel-max over what the thresholds keep, the last block
+   The second digit copies the row's candidates (every score that can still be kept) into a
+   buffer, and later passes read the copy where it fits.
+3. linear_mass_kernel, linear_split_kernel (sampling_linear.py): top-p's cut bin on a linear
+   scale of the scores, its Gumbel-max above that bin, and the bin copied out: the row is
+   read twice whether the nucleus is 10 tokens or 60,000.
+4. radix_mass_kernel x 3 (sampling_radix.py): top-p's exact cut by radix select with masses
+   exp(s - max) in fixed point, over the copy (or, where the copy overflowed, the row).
+5. gumbel_kernel (sampling_draw.py): Gumbel-max over what the thresholds keep, the last block
    finishes the row.
 
 What they share (sampling_common.py): the row layouts below, the packed (value, index) max, the
@@ -32,12 +37,13 @@ What they share (sampling_common.py): the row layouts below, the packed (value, 
 histogram's block-wide steps are in sampling_histogram.py.
 
 Rows a pass has nothing to do for (an inactive phase) return at once: a temperature-only step
-still launches all seven kernels, the last six of them empty blocks.
+still launches all nine kernels, the last eight of them empty blocks.
 
 Scratch (SamplerScratch, allocated once by sampler_scratch, ~80 KB a row: 20 MB at 256 rows):
 the tickets, the packed-max slots and the [rows, 2048] int64 histogram, all left zeroed (or
 -1) by the last blocks, the per-row thresholds (rowf: max, min_p bound, kth, top-p t, Z,
-scale; rowi: mode, prefix, remaining count or mass, candidates), and the candidate buffers
+scale; rowi: mode, prefix, remaining count or mass, candidates, digit, linear cut bin), and
+the candidate buffers
 (64 KB a row).
 
 Ties: argmax and Gumbel-max take the smallest index among equal values (np.argmax); top-k and
@@ -74,6 +80,7 @@ from gpu.kernels.sampling_common import (
     MASS_SCALE,
     MIN_CHUNK,
     MODE_COMPACT,
+    MODE_LINEAR,
     MODE_TOP_K,
     MODE_TOP_P,
     MODE_TRUNCATE,
@@ -83,6 +90,7 @@ from gpu.kernels.sampling_common import (
     R_COUNT,
     R_DIGIT,
     R_KTH,
+    R_LINEAR_BIN,
     R_MAX,
     R_MIN_BOUND,
     R_MODE,
@@ -100,6 +108,7 @@ from gpu.kernels.sampling_common import (
     uniform,
 )
 from gpu.kernels.sampling_draw import gumbel_kernel
+from gpu.kernels.sampling_linear import linear_mass_kernel, linear_split_kernel
 from gpu.kernels.sampling_radix import radix_count_kernel, radix_mass_kernel
 from gpu.kernels.sampling_scores import scores_kernel
 
@@ -121,6 +130,7 @@ __all__ = [
     "MASS_SCALE",
     "MIN_CHUNK",
     "MODE_COMPACT",
+    "MODE_LINEAR",
     "MODE_TOP_K",
     "MODE_TOP_P",
     "MODE_TRUNCATE",
@@ -130,6 +140,7 @@ __all__ = [
     "R_COUNT",
     "R_DIGIT",
     "R_KTH",
+    "R_LINEAR_BIN",
     "R_MAX",
     "R_MIN_BOUND",
     "R_MODE",
@@ -147,6 +158,8 @@ __all__ = [
     "SamplerScratch",
     "chunking",
     "gumbel_kernel",
+    "linear_mass_kernel",
+    "linear_split_kernel",
     "radix_count_kernel",
     "radix_mass_kernel",
     "sample",
@@ -171,6 +184,14 @@ SIGNATURES = {
         "void(float32[:, ::1], int64, int64, int32[:, ::1], float32[:, ::1],"
         f" int32[::1], int64[:, ::1], float32[:, ::1], int64[:, ::1], {_CANDIDATES})"
     ],
+    "linear_mass_kernel": [
+        "void(float32[:, ::1], int64, float32[:, ::1], int32[::1], int64[:, ::1],"
+        " float32[:, ::1], int64[:, ::1])"
+    ],
+    "linear_split_kernel": [
+        "void(float32[:, ::1], int64, uint64[:, ::1], int32[::1], int64[::1], float32[:, ::1],"
+        f" int64[:, ::1], {_CANDIDATES})"
+    ],
     "gumbel_kernel": [
         "void(float32[:, ::1], int64, int32[:, ::1], uint64[:, ::1],"
         f" {_STATE}, {_SCRATCH}, {_CANDIDATES}, int32[::1], int32[:, ::1], int32[::1])"
@@ -185,7 +206,8 @@ class SamplerScratch:
     ticket: object  # int32 [max_rows]: blocks of the row done with the current pass
     best: object  # int64 [max_rows]: the packed max of the current pass (NONE when idle)
     rowf: object  # float32 [6, max_rows]: R_MAX, R_MIN_BOUND, R_KTH, R_P_T, R_Z, R_SCALE
-    rowi: object  # int64 [5, max_rows]: R_MODE, R_PREFIX, R_REMAIN, R_COUNT, R_DIGIT
+    rowi: object  # int64 [6, max_rows]: R_MODE, R_PREFIX, R_REMAIN, R_COUNT, R_DIGIT,
+    # R_LINEAR_BIN
     hist: object  # int64 [max_rows, BINS]: the row's radix histogram (zero when idle)
     cand_val: object  # float32 [max_rows, candidates]: a compact row's scores (as stored)
     cand_idx: object  # int32 [max_rows, candidates]: ... and their token ids
@@ -205,7 +227,7 @@ def sampler_scratch(
         ticket=cuda.to_device(np.zeros(rows, np.int32), stream=stream),
         best=cuda.to_device(np.full(rows, NONE, np.int64), stream=stream),
         rowf=cuda.to_device(np.zeros((6, rows), np.float32), stream=stream),
-        rowi=cuda.to_device(np.zeros((5, rows), np.int64), stream=stream),
+        rowi=cuda.to_device(np.zeros((6, rows), np.int64), stream=stream),
         hist=cuda.to_device(np.zeros((rows, BINS), np.int64), stream=stream),
         cand_val=cuda.device_array((rows, candidates), np.float32, stream=stream),
         cand_idx=cuda.device_array((rows, candidates), np.int32, stream=stream),
@@ -228,7 +250,7 @@ def sample(
 ) -> None:  # fmt: skip
     """out[r] = the token sampled from logits[r] (float32 [n, V], modified in place) with row
     r's parameters, the same ids into ring[ring_slot[0]] where a ring is given (the host's
-    mapped copy, as in argmax.py), and each sampled token counted in its state row. Seven
+    mapped copy, as in argmax.py), and each sampled token counted in its state row. Nine
     launches, no allocation, no sync: capturable into a CUDA graph."""
     rows, vocab = logits.shape
     if ring is None:
@@ -244,12 +266,22 @@ def sample(
         logits, chunk_len, fparams, iparams, uparams, state, s.ticket, s.best, s.rowf, s.rowi,
         s.hist, out, ring, ring_slot,
     )  # fmt: skip
-    for kernel, digits in ((radix_count_kernel, (1, 2)), (radix_mass_kernel, (0, 1, 2))):
-        for digit in digits:
-            kernel[grid, THREADS, stream](
-                logits, chunk_len, digit, iparams, fparams, s.ticket, s.hist, s.rowf, s.rowi,
-                s.cand_val, s.cand_idx,
-            )  # fmt: skip
+    for digit in (1, 2):
+        radix_count_kernel[grid, THREADS, stream](
+            logits, chunk_len, digit, iparams, fparams, s.ticket, s.hist, s.rowf, s.rowi,
+            s.cand_val, s.cand_idx,
+        )  # fmt: skip
+    linear_mass_kernel[grid, THREADS, stream](
+        logits, chunk_len, fparams, s.ticket, s.hist, s.rowf, s.rowi
+    )  # fmt: skip
+    linear_split_kernel[grid, THREADS, stream](
+        logits, chunk_len, uparams, s.ticket, s.best, s.rowf, s.rowi, s.cand_val, s.cand_idx
+    )  # fmt: skip
+    for digit in (0, 1, 2):
+        radix_mass_kernel[grid, THREADS, stream](
+            logits, chunk_len, digit, iparams, fparams, s.ticket, s.hist, s.rowf, s.rowi,
+            s.cand_val, s.cand_idx,
+        )  # fmt: skip
     gumbel_kernel[grid, THREADS, stream](
         logits, chunk_len, iparams, uparams, state, s.ticket, s.best, s.rowf, s.rowi, s.cand_val,
         s.cand_idx, out, ring, ring_slot,

@@ -48,9 +48,9 @@ SLOTS = MAX_THREADS // 32  # block_max's scratch (a slot per warp; 32 threads in
 # rowf rows
 R_MAX, R_MIN_BOUND, R_KTH, R_P_T, R_Z, R_SCALE = range(6)
 # rowi rows
-R_MODE, R_PREFIX, R_REMAIN, R_COUNT, R_DIGIT = range(5)
-# mode bits
-MODE_TRUNCATE, MODE_TOP_K, MODE_TOP_P, MODE_COMPACT = 1, 2, 4, 8
+R_MODE, R_PREFIX, R_REMAIN, R_COUNT, R_DIGIT, R_LINEAR_BIN = range(6)
+# mode bits (MODE_LINEAR: top-p's cut bin found on the linear scale, sampling_linear.py)
+MODE_TRUNCATE, MODE_TOP_K, MODE_TOP_P, MODE_COMPACT, MODE_LINEAR = 1, 2, 4, 8, 16
 CANDIDATES = 8192  # scores a row's copy holds (SamplerScratch.cand_val)
 NONE = -1  # the packed-max slot's empty value
 

@@ -43,6 +43,7 @@ from gpu.kernels.sampling_common import (
     F_TOP_P,
     MASS_SCALE,
     MODE_COMPACT,
+    MODE_LINEAR,
     MODE_TOP_K,
     MODE_TOP_P,
     R_COUNT,
@@ -140,14 +141,15 @@ def _radix_kernel(use_mass: bool):
         if not last_block(ticket, row, flag):
             return
         total = read_histogram(hist, row, bins, hs, scan)
-        if digit == 0:  # top-p only: top-k's first digit is counted in pass 1
+        linear = (mode & MODE_LINEAR) != 0  # Z and the mass still needed: sampling_linear.py
+        if digit == 0 and not linear:  # top-p only: top-k's first digit is counted in pass 1
             remain = max(int64(math.ceil(float64(fparams[F_TOP_P, row]) * total)), 1)
         else:
             remain = rowi[R_REMAIN, row]
         find_bin(hs, bins, scan, remain, sel)
         if tid != 0:
             return
-        if digit == 0:
+        if digit == 0 and not linear:
             rowf[R_Z, row] = float32(float64(total) / MASS_SCALE)
         done = sel[0] < 0
         if compacting:

@@ -4,7 +4,7 @@ sampler's greedy rows), temperature, top-k 50, top-p 0.9, min-p 0.1, and penalti
 (rows with a token state: a 500-token prompt, 200 output tokens, an active ban). Each case is
 checked once against the numpy twin (batch <= 8: the twin is slow on 256 rows), then timed.
 
-Timing: the sampler's seven launches captured into a CUDA graph with programmatic edges (as
+Timing: the sampler's launches captured into a CUDA graph with programmatic edges (as
 the decode step replays them, gpu/backends/cuda/graphs.py), replays queued behind a sleeping
 kernel so Python's launch overhead is not measured; CUDA events around each replay, the
 median of REPS after a warm-up. Logits are N(0, 3^2) (temperature 1: scores as stored equal
@@ -190,8 +190,28 @@ def passes(logits, f, i, u, state, scratch, out, ring, slot) -> list:
             slot,
         )  # fmt: skip
     ]
+    linear = getattr(sampling, "linear_mass_kernel", None)  # absent from older trees
     for kernel, digits in ((sampling.radix_count_kernel, (1, 2)), (sampling.radix_mass_kernel,
                                                                    (0, 1, 2))):  # fmt: skip
+        if kernel is sampling.radix_mass_kernel and linear is not None:
+            calls.append(
+                lambda: linear[grid, threads, stream](
+                    logits, chunk_len, f, s.ticket, s.hist, s.rowf, s.rowi
+                )  # fmt: skip
+            )
+            calls.append(
+                lambda: sampling.linear_split_kernel[grid, threads, stream](
+                    logits,
+                    chunk_len,
+                    u,
+                    s.ticket,
+                    s.best,
+                    s.rowf,
+                    s.rowi,
+                    s.cand_val,
+                    s.cand_idx,
+                )  # fmt: skip
+            )
         for digit in digits:
             calls.append(
                 lambda kernel=kernel, digit=digit: kernel[grid, threads, stream](
@@ -253,8 +273,10 @@ def breakdown(rows: int, vocab: int, params: dict) -> dict:
             call()
             events[r][k + 1].record(stream)
     stream.synchronize()
-    names = ["scores", "count1", "count2"] + [f"mass{d}" for d in range(3)]
-    names.append("gumbel")
+    names = ["scores", "count1", "count2"]
+    if len(calls) == 9:
+        names += ["linear_mass", "linear_split"]
+    names += [f"mass{d}" for d in range(3)] + ["gumbel"]
     return {
         name: round(
             float(np.median([cuda.event_elapsed_time(e[k], e[k + 1]) for e in events])) * 1e3, 1

@@ -1,0 +1,192 @@
+"""Top-p's first cut in two passes over the row, on a linear scale of the scores.
+
+The radix select of sampling_radix.py bins scores by the top bits of their keys: 11 bits are
+the sign, the exponent and two mantissa bits, so a flat row (random weights: logits of std
+~0.9, a top-p 0.9 nucleus of ~60k of 128k tokens) lands in a handful of bins, the candidate
+copy overflows, and all three mass digits and the draw read the whole row. Here the row is
+binned by its distance from the max instead, which the scores pass already knows:
+
+    bin(x) = BINS - 1 - min(floor((max - x) * LINEAR_SCALE), BINS - 1)
+
+BINS bins of 1/LINEAR_SCALE (~0.012) each over the top LINEAR_RANGE (24) of the scaled
+scores (higher score, higher bin; bin 0 holds everything further down, whose mass is under
+e**-24 a token). The bin is monotone in the score, so a higher bin holds only higher scores.
+
+1. linear_mass_kernel: every kept score's mass exp(x - max) into its bin, in the fixed point
+   of the radix passes (sampling_histogram.add_mass: exact, order-free). The row's last block
+   has Z (the total) and finds the bin B where the mass from the top reaches top_p * Z, as
+   the radix's first digit does.
+2. linear_split_kernel: every kept score above bin B is in the nucleus whatever the exact cut:
+   its Gumbel-max is taken here, into the row's packed max. The scores of bins B and B - 1 are
+   copied into the candidate buffer (B - 1 too: a score just under bin B's edge can round to
+   the same float32 probability as the cut, and the twin keeps ties). The row turns compact:
+   the radix mass digits then find the exact cut inside the copy, given the mass still
+   needed (R_REMAIN) and Z (R_Z) from pass 1, and the draw reads only the copy, merging into
+   the packed max this pass left.
+
+So a top-p row reads the whole row twice after the scores pass, flat or peaked. A row whose
+cut falls in bin 0 (top_p within ~1e-6 of 1 on a flat row) or whose two bins overflow the
+buffer (thousands of scores within 0.024 of each other: equal logits) is left as it was: the
+radix digits run over the whole row as before, with the same result (the Gumbel-max over the
+row is a max: taking part of it twice changes nothing). Rows already compact after top-k
+skip both passes: the radix digits read their copy.
+"""
+
+from __future__ import annotations
+
+import math
+
+from numba import cuda, float32, float64, int32, int64, uint32
+
+from gpu.kernels.block_reduce import block_max
+from gpu.kernels.launch import device_function
+from gpu.kernels.pdl import grid_dependency_sync
+from gpu.kernels.sampling_common import (
+    BINS,
+    F_TOP_P,
+    MASS_SCALE,
+    MODE_COMPACT,
+    MODE_LINEAR,
+    MODE_TOP_P,
+    NONE,
+    R_COUNT,
+    R_KTH,
+    R_LINEAR_BIN,
+    R_MAX,
+    R_MIN_BOUND,
+    R_MODE,
+    R_REMAIN,
+    R_SCALE,
+    R_Z,
+    SLOTS,
+    THREADS,
+    U_SEED,
+    U_STEP,
+    UNROLL,
+    block_share,
+    claim_slot,
+    gumbel,
+    kept,
+    last_block,
+    pack,
+)
+from gpu.kernels.sampling_histogram import (
+    add_mass,
+    clear_bins,
+    find_bin,
+    flush_bins,
+    read_histogram,
+)
+
+LINEAR_RANGE = 24.0  # scores this far under the max get bins of their own
+LINEAR_SCALE = float32((BINS - 1) / LINEAR_RANGE)  # bins per unit of score
+
+
+@device_function
+def linear_bin(top, x):
+    """The bin of a kept score x <= top (the row's max): higher scores, higher bins."""
+    d = (top - x) * LINEAR_SCALE
+    if d >= float32(BINS - 1):
+        return int32(0)
+    return int32(BINS - 1) - int32(d)
+
+
+@cuda.jit(cache=True)
+def linear_mass_kernel(logits, chunk_len, fparams, ticket, hist, rowf, rowi):
+    grid_dependency_sync()
+    row = cuda.blockIdx.x
+    mode = rowi[R_MODE, row]
+    if (mode & MODE_TOP_P) == 0 or (mode & MODE_COMPACT) != 0:
+        return
+    hs = cuda.shared.array(BINS, int64)  # the row's histogram, in the last block
+    lo = cuda.shared.array(BINS, uint32)
+    hi = cuda.shared.array(BINS, uint32)
+    scan = cuda.shared.array(THREADS, int64)
+    sel = cuda.shared.array(2, int64)
+    flag = cuda.shared.array(1, int32)
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    top = rowf[R_MAX, row]
+    min_bound = rowf[R_MIN_BOUND, row]
+    kth = rowf[R_KTH, row]
+    scale = rowf[R_SCALE, row]
+    clear_bins(lo, hi, BINS)
+    cuda.syncthreads()
+    start, end = block_share(rowi, row, False, chunk_len, logits.shape[1])
+    xs = cuda.local.array(UNROLL, float32)
+    for base in range(start + tid, end, nt * UNROLL):
+        for u in range(UNROLL):
+            xs[u] = logits[row, min(base + u * nt, end - 1)]
+        for u in range(UNROLL):
+            x = xs[u] / scale
+            if base + u * nt < end and kept(x, min_bound, kth):
+                e = float32(math.exp(x - top))
+                add_mass(lo, hi, linear_bin(top, x), int64(float64(e) * MASS_SCALE + 0.5))
+    cuda.syncthreads()
+    flush_bins(lo, hi, hist, row, BINS)
+    if not last_block(ticket, row, flag):
+        return
+    total = read_histogram(hist, row, BINS, hs, scan)
+    remain = max(int64(math.ceil(float64(fparams[F_TOP_P, row]) * total)), 1)
+    find_bin(hs, BINS, scan, remain, sel)
+    if tid == 0 and sel[0] > 0:  # bin 0 or no bin: the radix digits do the whole row
+        rowf[R_Z, row] = float32(float64(total) / MASS_SCALE)
+        rowi[R_LINEAR_BIN, row] = sel[0]
+        rowi[R_REMAIN, row] = remain - sel[1]
+        rowi[R_COUNT, row] = 0
+        rowi[R_MODE, row] = mode | MODE_LINEAR
+
+
+@cuda.jit(cache=True)
+def linear_split_kernel(
+    logits, chunk_len, uparams, ticket, best, rowf, rowi, cand_val, cand_idx
+):  # fmt: skip
+    grid_dependency_sync()
+    row = cuda.blockIdx.x
+    mode = rowi[R_MODE, row]
+    if (mode & MODE_LINEAR) == 0:
+        return
+    buf = cuda.shared.array(SLOTS, int64)
+    flag = cuda.shared.array(1, int32)
+    full = cuda.shared.array(1, int32)
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    if tid == 0:
+        full[0] = 0
+    cuda.syncthreads()
+    seed = uparams[U_SEED, row]
+    step = uparams[U_STEP, row]
+    top = rowf[R_MAX, row]
+    min_bound = rowf[R_MIN_BOUND, row]
+    kth = rowf[R_KTH, row]
+    scale = rowf[R_SCALE, row]
+    cut = rowi[R_LINEAR_BIN, row]
+    capacity = cand_val.shape[1]
+    start, end = block_share(rowi, row, False, chunk_len, logits.shape[1])
+    cand = int64(NONE)
+    xs = cuda.local.array(UNROLL, float32)
+    for base in range(start + tid, end, nt * UNROLL):
+        for u in range(UNROLL):
+            xs[u] = logits[row, min(base + u * nt, end - 1)]
+        for u in range(UNROLL):
+            v = base + u * nt
+            x = xs[u] / scale
+            keep = v < end and kept(x, min_bound, kth)
+            b = linear_bin(top, x) if keep else int32(-1)
+            if b > cut:
+                cand = max(cand, pack(x + gumbel(seed, step, v), v))
+            if full[0] == 0:
+                want = b == cut or b == cut - 1
+                slot = claim_slot(rowi, row, want, capacity, full)
+                if want and slot < capacity:
+                    cand_val[row, slot] = xs[u]  # as stored: later passes divide by scale
+                    cand_idx[row, slot] = v
+    cand = block_max(buf, cand)
+    if tid == 0 and cand >= 0:
+        cuda.atomic.max(best, row, cand)
+    if last_block(ticket, row, flag) and tid == 0:
+        if cuda.atomic.add(rowi, (R_COUNT, row), 0) <= capacity:
+            rowi[R_MODE, row] = mode | MODE_COMPACT
+        else:  # too many at the cut: the radix digits and the draw read the whole row
+            rowi[R_MODE, row] = mode & ~MODE_LINEAR
+            rowi[R_COUNT, row] = 0
