@@ -25,6 +25,7 @@ from chat_app.bridge import DEFAULT_FPS, OutputBridge, OutputsReady
 from chat_app.chat_screen import ChatScreen
 from chat_app.engine_api import EngineFactory, EngineThread
 from chat_app.engine_client import EngineClient
+from chat_app.gc_tuning import tune_gc_for_frames
 from chat_app.help_screen import HelpScreen
 from chat_app.history import HistoryStore
 from chat_app.paths import screenshots_path
@@ -186,6 +187,7 @@ class TinyChatApp(App[int]):
 
     async def on_engine_loaded(self, message: EngineLoaded) -> None:
         self.client.attach(message.thread)
+        tune_gc_for_frames()  # start-up is over: its heap is frozen (chat_app/gc_tuning.py)
         await self.chat_screen.engine_ready()
 
     async def on_engine_failed(self, message: EngineFailed) -> None:

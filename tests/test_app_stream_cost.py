@@ -9,6 +9,7 @@ the engine: a real process sending a token per request every 0.5 ms, with no mod
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import pickle
 import socket
@@ -22,6 +23,7 @@ from app_doubles import FakeEngine, async_test, fake_app, open_tab, wait_until
 
 from chat_app.bench_app import synthetic_model_folder
 from chat_app.bench_synthetic import ENTRY
+from chat_app.gc_tuning import YOUNG_THRESHOLD
 from gpu.engine_core import EngineCoreClient
 from gpu.engine_core.client import FrameReader
 from gpu.outputs import RequestOutput
@@ -140,6 +142,9 @@ async def test_background_tabs_streaming_do_not_refresh_the_footer(
     async with app.run_test(size=(100, 32)) as pilot:
         screen = app.chat_screen
         await wait_until(pilot, lambda: app.client.ready, "the engine")
+        # Once the engine is up, start-up's heap is frozen and young collections are rarer
+        # (chat_app/gc_tuning.py: full collections were the longest gaps between frames).
+        assert gc.get_threshold()[0] == YOUNG_THRESHOLD and gc.get_freeze_count() > 0
         for _ in range(3):
             await open_tab(pilot)
         background, shown = screen.panes[:3], screen.panes[3]
