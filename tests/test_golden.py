@@ -25,8 +25,9 @@ GOLDEN = Path(__file__).parent / "golden"
 TIE_GAP = 1e-3  # below this top-2 gap, float32 reordering may legitimately flip the argmax
 
 
-# The quantized CPU path (Q8_0 weights) must agree up to the first step whose oracle top-2 gap
-# is below this: measured on these cases, q8 first differs where the gap is 0.0129 and 0.117.
+# The quantized CPU path (per-row int8 weights) must agree up to the first step whose oracle
+# top-2 gap is below this: measured on these cases, q8 first differs where the gap is 0.073,
+# 0.090, 0.091 and 0.013.
 Q8_TIE_GAP = 0.15
 
 
@@ -55,7 +56,7 @@ def test_quantized_cpu_path_matches_transformers(default_model_dir):
         n = comparable_prefix(case["gaps"], Q8_TIE_GAP)
         assert out.outputs[0].token_ids[:n] == case["output_ids"][:n], case["messages"][-1]
         agreed += out.outputs[0].token_ids == case["output_ids"]
-    assert agreed >= 4  # measured: 4 of the 6 replies agree to the last of their 32 tokens
+    assert agreed >= 2  # measured: 2 of the 6 replies agree to the last of their 32 tokens
 
 
 @pytest.mark.slow

@@ -1,8 +1,8 @@
 """The fast CPU path: the numpy backend with block-quantized weights and Numba products.
 
-A decode step on a CPU is bound by reading the weights. The oracle (`cpu.py`) multiplies
-float32 copies (4 bytes a weight); here every matrix, the embedding table (the tied LM head)
-included, is quantized once at load into Q8_0 or Q4_1 blocks and multiplied by the Numba
+A decode step on a CPU is bound by its weights. The oracle (`cpu.py`) multiplies float32 copies
+(4 bytes a weight); here every matrix, the embedding table (the tied LM head) included, is
+quantized once at load into per-row int8 (q8) or Q4_1 blocks (q4) and multiplied by the Numba
 kernels of gpu/kernels/cpu/quant_gemm.py, which dequantize in registers. Norms, RoPE, SiLU and
 paged attention are Numba twins of the oracle's ops (one call each instead of many small numpy
 calls) and sampling is the oracle's own, so the engine above it (paged KV, prefix cache,
@@ -28,9 +28,9 @@ PRECISIONS = ("q8", "q4")  # the quantized CPU paths (float32: the oracle, cpu.p
 
 @dataclass
 class QuantizedMatrix:
-    """A [N, K] weight as quantization blocks along K (layouts: quant_gemm.py)."""
+    """A [N, K] weight, quantized (layouts: quant_gemm.py)."""
 
-    fmt: str  # "q8" (Q8_0) | "q4" (Q4_1)
+    fmt: str  # "q8" (per-row int8) | "q4" (Q4_1 blocks)
     shape: tuple[int, int]
     qs: np.ndarray
     d: np.ndarray
@@ -39,7 +39,7 @@ class QuantizedMatrix:
     @classmethod
     def quantize(cls, w: np.ndarray, fmt: str) -> QuantizedMatrix:
         if fmt == "q8":
-            return cls(fmt, w.shape, *qg.quantize_q8_0(w))
+            return cls(fmt, w.shape, *qg.quantize_q8(w))
         if fmt == "q4":
             return cls(fmt, w.shape, *qg.quantize_q4_1(w))
         raise ValueError(f"unknown quantized precision {fmt!r}: use {', '.join(PRECISIONS)}")
@@ -51,7 +51,7 @@ class QuantizedMatrix:
     def dequantize_rows(self, rows: np.ndarray) -> np.ndarray:
         """float32 [len(rows), K]: the embedding lookup."""
         if self.fmt == "q8":
-            full = qg.dequantize_q8_0(self.qs[rows], self.d[rows])
+            full = qg.dequantize_q8(self.qs[rows], self.d[rows])
         else:
             full = qg.dequantize_q4_1(self.qs[rows], self.d[rows], self.m[rows])
         return full[:, : self.shape[1]]
@@ -59,7 +59,7 @@ class QuantizedMatrix:
     def matmul(self, x: np.ndarray, out: np.ndarray, accumulate: bool) -> None:
         """out (+)= x @ W.T for x [T, K] float32 (C-contiguous) and out [T, N]."""
         if self.fmt == "q8":
-            qg.gemm_q8_0(x, self.qs, self.d, out, accumulate, qg.QK)
+            qg.gemm_q8(x, self.qs, self.d, out, accumulate)
         else:
             qg.gemm_q4_1(x, self.qs, self.d, self.m, out, accumulate, qg.QK)
 

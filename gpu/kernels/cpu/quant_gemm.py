@@ -1,24 +1,26 @@
-"""Block-quantized matrix products on the CPU: out[t, n] (+)= sum_k x[t, k] * w[n, k].
+"""Quantized matrix products on the CPU: out[t, n] (+)= sum_k x[t, k] * w[n, k].
 
-A decode step reads every weight once per token, so on a CPU it is bound by memory bandwidth:
-the float32 oracle reads 4 bytes per weight, Q8_0 1.06, Q4_1 0.63. The weights are quantized
-once at load in blocks of 32 along K (llama.cpp's Q8_0 and Q4_1 formats) and dequantized in
-registers; the activations stay float32. Quantizing the activations to int8 as llama.cpp does
-measured slower here: LLVM turns Numba's int8 dot products into sign-extends and per-block
-horizontal sums, not AVX2's maddubs, so the integer path lost to the float one at every shape.
+A decode step reads every weight once per token; on a CPU with a few cores it is bound by the
+arithmetic of turning weights back into floats as much as by memory. Two formats, both
+quantized once at load, with float32 activations (int8 or int16 activations measured slower:
+LLVM turns Numba's integer dot products into sign-extends and 32-bit multiplies, not AVX2's
+pmaddubsw / pmaddwd):
+- q8, per-row int8: qs int8 [N, K], d float32 [N]: w = d[n] * q. The dot runs over the int8
+  row converted in the same loop (sign-extend, convert, FMA: no scratch row) and the scale is
+  applied once to the finished dot. Two rows share each activation load and four tokens each
+  weight load (the register block: 2 rows x 4 tokens). A [3072, 576] product at one token took
+  121 us against 283 us for Q8_0 blocks dequantized into an L1 row and dotted (2 busy cores);
+  perplexity and greedy agreement: BENCHMARKS.md "The CPU paths".
+- q4, Q4_1 blocks of 32 along K (llama.cpp's): qs uint8 [N, Kp/2], d, m float32 [N, Kp/32]:
+  w = d * q + m, q in 0..15 (K padded with zeros to a multiple of 32). Byte j of a block holds
+  element j in its low nibble and element j + 16 in its high one (llama.cpp's order). Each row
+  is dequantized once into a float32 scratch row that stays in L1, then dotted with every
+  token (the block length comes in as an argument, `qk`: a constant 32 got the inner loops
+  unrolled into scalar code).
 
-The products run prange over tasks of ROWS_PER_TASK output rows. Each row is dequantized into
-a float32 scratch row that stays in L1, then dotted with every token's activations: batch N
-reads the weights once, as batch 1 does, and both loops are plain unit-stride loops that LLVM
-vectorises (measured faster than accumulating per block, or into 32 float lanes, whose
-constant-length inner loops LLVM unrolled into scalar or gathering code). The block length
-comes in as an argument (`qk`) for the same reason: a constant 32 gets the loop unrolled.
-
-Layouts (K padded with zeros to a multiple of 32):
-- Q8_0: qs int8 [N, Kp], d float32 [N, Kp/32]: w = d * q.
-- Q4_1: qs uint8 [N, Kp/2], d, m float32 [N, Kp/32]: w = d * q + m, q in 0..15. Byte j of a
-  block holds element j in its low nibble and element j + 16 in its high one (llama.cpp's
-  order).
+The products run prange over tasks of ROWS_PER_TASK output rows, and ask for the next rows'
+bytes while they work on the current ones (prefetch.py: read from DRAM, the products ran at half
+their in-cache speed without it).
 numpy twins: the `dequantize_*` functions below, then the oracle's float32 matmul.
 """
 
@@ -27,9 +29,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-QK = 32  # elements per quantization block
+from gpu.kernels.cpu.prefetch import prefetch
+
+QK = 32  # elements per Q4_1 block
 HALF = QK // 2
-ROWS_PER_TASK = 8  # output rows per parallel work item
+ROWS_PER_TASK = 8  # output rows per parallel work item (even: q8 runs rows in pairs)
 
 
 def padded_k(k: int) -> int:
@@ -47,18 +51,19 @@ def _blocks(w: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(w).reshape(n, kp // QK, QK)
 
 
-def quantize_q8_0(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Round to nearest with d = max|w| / 127 per block (llama.cpp's Q8_0)."""
-    b = _blocks(w)
-    d = (np.abs(b).max(axis=-1) / np.float32(127)).astype(np.float32)
+def quantize_q8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Round to nearest with d = max|w[n]| / 127 per row; the rows are padded to an even
+    count with a zero row (the kernel runs rows in pairs and never writes the pad's output)."""
+    w = np.asarray(w, dtype=np.float32)
+    if w.shape[0] % 2:
+        w = np.concatenate([w, np.zeros((1, w.shape[1]), np.float32)])
+    d = (np.abs(w).max(axis=1) / np.float32(127)).astype(np.float32)
     inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d > 0)
-    q = np.rint(b * inv[..., None]).astype(np.int8)
-    return q.reshape(b.shape[0], -1), d
+    return np.ascontiguousarray(np.rint(w * inv[:, None]).astype(np.int8)), d
 
 
-def dequantize_q8_0(qs: np.ndarray, d: np.ndarray) -> np.ndarray:
-    n = qs.shape[0]
-    return (qs.reshape(n, -1, QK).astype(np.float32) * d[..., None]).reshape(n, -1)
+def dequantize_q8(qs: np.ndarray, d: np.ndarray) -> np.ndarray:
+    return qs.astype(np.float32) * d[:, None]
 
 
 def quantize_q4_1(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -118,20 +123,89 @@ def _dots(row, x, out, n, accumulate):  # pragma: no cover - compiled
         t += 1
 
 
+@njit(fastmath=True, cache=True, nogil=True)
+def _row_pair_dots(w0, w1, s0, s1, x, out, n, both, accumulate):  # pragma: no cover - compiled
+    """out[t, n] (+)= s0 * (w0 . x[t]) and out[t, n + 1] (+)= s1 * (w1 . x[t]) (when `both`)
+    for every token t: int8 rows converted inside the FMA loop, four tokens a pass, then two,
+    then one (each pass a plain unit-stride loop that LLVM vectorises)."""
+    t_count, k = x.shape
+    t = 0
+    while t + 4 <= t_count:
+        x0, x1, x2, x3 = x[t], x[t + 1], x[t + 2], x[t + 3]
+        a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = np.float32(0.0)
+        for j in range(k):
+            r, q = np.float32(w0[j]), np.float32(w1[j])
+            v0, v1, v2, v3 = x0[j], x1[j], x2[j], x3[j]
+            a0 += r * v0
+            a1 += r * v1
+            a2 += r * v2
+            a3 += r * v3
+            b0 += q * v0
+            b1 += q * v1
+            b2 += q * v2
+            b3 += q * v3
+        _put(out, t, n, a0 * s0, accumulate)
+        _put(out, t + 1, n, a1 * s0, accumulate)
+        _put(out, t + 2, n, a2 * s0, accumulate)
+        _put(out, t + 3, n, a3 * s0, accumulate)
+        if both:
+            _put(out, t, n + 1, b0 * s1, accumulate)
+            _put(out, t + 1, n + 1, b1 * s1, accumulate)
+            _put(out, t + 2, n + 1, b2 * s1, accumulate)
+            _put(out, t + 3, n + 1, b3 * s1, accumulate)
+        t += 4
+    if t + 2 <= t_count:
+        x0, x1 = x[t], x[t + 1]
+        a0 = a1 = b0 = b1 = np.float32(0.0)
+        for j in range(k):
+            r, q = np.float32(w0[j]), np.float32(w1[j])
+            v0, v1 = x0[j], x1[j]
+            a0 += r * v0
+            a1 += r * v1
+            b0 += q * v0
+            b1 += q * v1
+        _put(out, t, n, a0 * s0, accumulate)
+        _put(out, t + 1, n, a1 * s0, accumulate)
+        if both:
+            _put(out, t, n + 1, b0 * s1, accumulate)
+            _put(out, t + 1, n + 1, b1 * s1, accumulate)
+        t += 2
+    if t < t_count:
+        x0 = x[t]
+        a0 = b0 = np.float32(0.0)
+        for j in range(k):
+            v0 = x0[j]
+            a0 += np.float32(w0[j]) * v0
+            b0 += np.float32(w1[j]) * v0
+        _put(out, t, n, a0 * s0, accumulate)
+        if both:
+            _put(out, t, n + 1, b0 * s1, accumulate)
+
+
+@njit(fastmath=True, cache=True, nogil=True)
+def _prefetch_rows(flat, start, stop):  # pragma: no cover - compiled
+    """Prefetch the cache lines of flat[start:stop] (a line is 64 bytes)."""
+    stop = min(stop, flat.shape[0])
+    step = 64 // flat.itemsize
+    for i in range(start, stop, step):
+        prefetch(flat, i)
+    if stop > start:
+        prefetch(flat, stop - 1)
+
+
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
-def gemm_q8_0(x, qs, d, out, accumulate, qk):  # pragma: no cover - compiled
-    """out[t, n] (+)= x[t] . dequantize_q8_0(qs, d)[n][:K] for x [T, K] float32 (qk = QK)."""
-    n_rows, nb = d.shape
+def gemm_q8(x, qs, d, out, accumulate):  # pragma: no cover - compiled
+    """out[t, n] (+)= x[t] . dequantize_q8(qs, d)[n] for x [T, K] float32 and n < out.shape[1]
+    (qs may hold one zero pad row more: quantize_q8)."""
+    n_rows = out.shape[1]
+    k = qs.shape[1]
+    flat = qs.reshape(-1)
     tasks = (n_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK
     for task in prange(tasks):
-        row = np.empty(nb * qk, np.float32)
-        for n in range(task * ROWS_PER_TASK, min(n_rows, (task + 1) * ROWS_PER_TASK)):
-            wq, wd = qs[n], d[n]
-            for b in range(nb):
-                s, k0 = wd[b], b * qk
-                for i in range(qk):
-                    row[k0 + i] = s * np.float32(wq[k0 + i])
-            _dots(row, x, out, n, accumulate)
+        for n in range(task * ROWS_PER_TASK, min(n_rows, (task + 1) * ROWS_PER_TASK), 2):
+            _prefetch_rows(flat, (n + 2) * k, (n + 4) * k)
+            both = n + 1 < n_rows
+            _row_pair_dots(qs[n], qs[n + 1], d[n], d[n + 1], x, out, n, both, accumulate)
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
@@ -139,10 +213,13 @@ def gemm_q4_1(x, qs, d, m, out, accumulate, qk):  # pragma: no cover - compiled
     """out[t, n] (+)= x[t] . dequantize_q4_1(qs, d, m)[n][:K] for x [T, K] float32."""
     n_rows, nb = d.shape
     half = qk // 2
+    row_bytes = qs.shape[1]
+    flat = qs.reshape(-1)
     tasks = (n_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK
     for task in prange(tasks):
         row = np.empty(nb * qk, np.float32)
         for n in range(task * ROWS_PER_TASK, min(n_rows, (task + 1) * ROWS_PER_TASK)):
+            _prefetch_rows(flat, (n + 1) * row_bytes, (n + 3) * row_bytes)
             wq, wd, wm = qs[n], d[n], m[n]
             for b in range(nb):
                 s, o, k0, p0 = wd[b], wm[b], b * qk, b * half
