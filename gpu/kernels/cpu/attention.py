@@ -2,9 +2,15 @@
 
 The oracle (CpuBackend.attention) gathers each sequence's blocks and runs a dozen numpy calls
 per sequence per layer; at batch 8 on a small model those calls cost more than the arithmetic.
-Here prange runs over (sequence, query head) pairs and each pair walks its own block table:
-scores for every visible position, softmax, then the weighted sum of V, in float32 (the order
-of the sums is the only difference from the twin). numpy twin: CpuBackend.attention.
+Here prange runs over (sequence, KV head) pairs and each pair walks its own block table once
+for the `group` query heads that share that KV head (GQA): each K and V row is loaded once and
+used `group` times, and four positions go together (four independent dot products a pass over
+q, one update of the output row for four V rows). Scores of all positions first, then one
+softmax per head, then the weighted sum of V, in float32 (the order of the sums is the only
+difference from the twin). Measured on the 2-core host at context 192 (SmolLM2's 9 / 3 heads,
+30 layers' caches in turn, as a decode step reads them): 63 against 116 us at one sequence, 379
+against 565-875 us at eight, for a walk per (sequence, query head) and a position at a time.
+numpy twin: CpuBackend.attention.
 """
 
 from __future__ import annotations
@@ -22,37 +28,90 @@ def paged_attention(
     seq_lens[b] - q_len_b + j and attends to positions 0..that; head h reads KV head h // group."""
     num_seqs = seq_lens.shape[0]
     block_size = k_cache.shape[1]
-    for task in prange(num_seqs * num_heads):
-        b, h = task // num_heads, task % num_heads
-        kvh = h // group
+    num_kv = num_heads // group
+    for task in prange(num_seqs * num_kv):
+        b, kvh = task // num_kv, task % num_kv
         start, end = query_start_loc[b], query_start_loc[b + 1]
         q_len, ctx = end - start, seq_lens[b]
-        scores = np.empty(max_seq_len, np.float32)
-        acc = np.empty(head_dim, np.float32)
-        q0 = h * head_dim
+        scores = np.empty((group, max_seq_len), np.float32)
+        q = np.empty((group, head_dim), np.float32)
+        acc = np.empty((group, head_dim), np.float32)
         for j in range(q_len):
             row = start + j
             visible = ctx - q_len + j + 1
-            best = np.float32(-np.inf)
-            for c in range(visible):
-                kv = k_cache[block_tables[b, c // block_size], c % block_size, kvh]
-                s = np.float32(0.0)
+            for g in range(group):
+                q0 = (kvh * group + g) * head_dim
                 for i in range(head_dim):
-                    s += qkv[row, q0 + i] * kv[i]
-                s *= scale
-                scores[c] = s
-                best = max(best, s)
-            total = np.float32(0.0)
-            for c in range(visible):
-                e = np.exp(scores[c] - best)
-                scores[c] = e
-                total += e
-            acc[:] = 0.0
-            for c in range(visible):
-                vv = v_cache[block_tables[b, c // block_size], c % block_size, kvh]
-                p = scores[c]
+                    q[g, i] = qkv[row, q0 + i] * scale
+            c = 0
+            while c + 4 <= visible:
+                k0 = k_cache[block_tables[b, c // block_size], c % block_size, kvh]
+                k1 = k_cache[block_tables[b, (c + 1) // block_size], (c + 1) % block_size, kvh]
+                k2 = k_cache[block_tables[b, (c + 2) // block_size], (c + 2) % block_size, kvh]
+                k3 = k_cache[block_tables[b, (c + 3) // block_size], (c + 3) % block_size, kvh]
+                for g in range(group):
+                    qg = q[g]
+                    s0 = s1 = s2 = s3 = np.float32(0.0)
+                    for i in range(head_dim):
+                        qi = qg[i]
+                        s0 += qi * k0[i]
+                        s1 += qi * k1[i]
+                        s2 += qi * k2[i]
+                        s3 += qi * k3[i]
+                    scores[g, c] = s0
+                    scores[g, c + 1] = s1
+                    scores[g, c + 2] = s2
+                    scores[g, c + 3] = s3
+                c += 4
+            while c < visible:
+                k0 = k_cache[block_tables[b, c // block_size], c % block_size, kvh]
+                for g in range(group):
+                    qg = q[g]
+                    s0 = np.float32(0.0)
+                    for i in range(head_dim):
+                        s0 += qg[i] * k0[i]
+                    scores[g, c] = s0
+                c += 1
+            for g in range(group):
+                sg = scores[g]
+                best = np.float32(-np.inf)
+                for c in range(visible):
+                    best = max(best, sg[c])
+                total = np.float32(0.0)
+                for c in range(visible):
+                    e = np.exp(sg[c] - best)
+                    sg[c] = e
+                    total += e
+                inv = np.float32(1.0) / total
+                for c in range(visible):
+                    sg[c] *= inv
+            acc[:, :] = 0.0
+            c = 0
+            while c + 4 <= visible:
+                v0 = v_cache[block_tables[b, c // block_size], c % block_size, kvh]
+                v1 = v_cache[block_tables[b, (c + 1) // block_size], (c + 1) % block_size, kvh]
+                v2 = v_cache[block_tables[b, (c + 2) // block_size], (c + 2) % block_size, kvh]
+                v3 = v_cache[block_tables[b, (c + 3) // block_size], (c + 3) % block_size, kvh]
+                for g in range(group):
+                    p0, p1, p2, p3 = (
+                        scores[g, c],
+                        scores[g, c + 1],
+                        scores[g, c + 2],
+                        scores[g, c + 3],
+                    )
+                    ag = acc[g]
+                    for i in range(head_dim):
+                        ag[i] += p0 * v0[i] + p1 * v1[i] + p2 * v2[i] + p3 * v3[i]
+                c += 4
+            while c < visible:
+                v0 = v_cache[block_tables[b, c // block_size], c % block_size, kvh]
+                for g in range(group):
+                    p0 = scores[g, c]
+                    ag = acc[g]
+                    for i in range(head_dim):
+                        ag[i] += p0 * v0[i]
+                c += 1
+            for g in range(group):
+                q0 = (kvh * group + g) * head_dim
                 for i in range(head_dim):
-                    acc[i] += p * vv[i]
-            inv = np.float32(1.0) / total
-            for i in range(head_dim):
-                out[row, q0 + i] = acc[i] * inv
+                    out[row, q0 + i] = acc[g, i]
