@@ -225,21 +225,27 @@ def test_small_ops_match_the_oracle():
 
 
 def test_cpu_paths_table(capsys, tmp_path, monkeypatch):
-    """The bench's cpu comparison prints every path's rows and the batch ratio; without
-    llama_cpp it says so (llama.cpp is a bench-only import)."""
+    """The bench's cpu comparison prints every path's rows, the batch ratio and the accuracy
+    columns; without llama_cpp it says so (llama.cpp is a bench-only import)."""
     import sys
 
-    from gpu.bench.cpu_paths import print_cpu_paths, run_llama_cpp
+    from gpu.bench.cpu_paths import open_llama_cpp, print_cpu_paths
 
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # as if not installed
-    assert run_llama_cpp(tmp_path / "m.gguf", 2, 8, 8) is None
+    assert open_llama_cpp(tmp_path / "m.gguf", 2, 8, 8) is None
+    golden = [{"first_divergence": None, "gap": None}, {"first_divergence": 3, "gap": 0.0731}]
     paths = {
-        "q8": {"load_s": 1.0, "tok_s": {1: 30.0, 8: 120.0}},
+        "q8": {"load_s": 1.0, "tok_s": {1: 30.0, 8: 120.0}, "perplexity": 56.7, "golden": golden},
         "float32": {"load_s": 1.0, "tok_s": {1: 25.0, 8: 50.0}},
     }
     print_cpu_paths({"threads": 2, "paths": paths})
     text = capsys.readouterr().out
     assert "q8" in text and "4.00x" in text and "2.00x" in text
+    assert "56.70  1/2 agree: =, 3 (0.073)" in text
     assert "llama.cpp: not measured" in text
-    print_cpu_paths({"threads": 2, "paths": paths, "llama_cpp": {"tok_s_b1": 60.0, "version": "x"}})
-    assert "q8 b1 / llama.cpp b1: 0.50x" in capsys.readouterr().out
+    paths["q8"]["vs_llama_cpp"] = 0.5
+    llama = {"tok_s_b1": 60.0, "runs": [50.0, 60.0, 70.0], "version": "x"}
+    print_cpu_paths({"threads": 2, "paths": paths, "llama_cpp": llama})
+    text = capsys.readouterr().out
+    assert "(50.0-70.0 over 3 runs)" in text
+    assert "q8 b1 / llama.cpp b1, run by run: 0.50x" in text

@@ -19,6 +19,7 @@ import math
 import os
 from pathlib import Path
 
+USER_OMP_WAIT_POLICY = os.environ.get("OMP_WAIT_POLICY")  # the user's, before the default
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
