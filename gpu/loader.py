@@ -57,6 +57,7 @@ def build_engine(
     config.max_num_batched_tokens = max_tokens
 
     weights = load_llama_weights(get_tensor, c.num_hidden_layers, c.tie_word_embeddings, backend)
+    getattr(backend, "weights_loaded", lambda: None)()  # the cpu's quantized path: cache them
     model = LlamaModel(c, weights, backend, max_tokens, config.max_num_seqs, max_model_len)
     per_block = kv_bytes_per_block(c, config.block_size, backend.kv_element_bytes)
     num_blocks = config.num_kv_blocks or backend.num_kv_blocks(per_block, config)
@@ -123,6 +124,8 @@ def create_engine(
     files = open_model(resolve_model(model, progress))
     config = config or EngineConfig()
     backend = get_backend(device, config.precision, config.cpu_threads)
+    if hasattr(backend, "use_weight_cache"):  # the cpu's quantized path: quantize once
+        backend.use_weight_cache(files.folder)
     tensors = files.tensors()
     if backend.weight_format == "bf16":
         get = lambda name: tensors[name].bf16_bits()
