@@ -275,8 +275,9 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-# Bytes a weight costs on the cpu: float32, Q8_0 (34 bytes a block of 32), Q4_1 (24).
-_CPU_WEIGHT_BYTES = {"float32": 4, "q8": 34 / 32, "q4": 24 / 32}
+# Bytes a weight costs on the cpu: float32, per-row int8 (a scale a row: ~1), Q4_1 (24 bytes a
+# block of 32).
+_CPU_WEIGHT_BYTES = {"float32": 4, "q8": 1, "q4": 24 / 32}
 
 
 def warm_up_plan(
