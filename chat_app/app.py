@@ -187,6 +187,7 @@ class TinyChatApp(App[int]):
 
     async def on_engine_loaded(self, message: EngineLoaded) -> None:
         self.client.attach(message.thread)
+        self.bridge.pace_for(message.thread.engine.device)
         tune_gc_for_frames()  # start-up is over: its heap is frozen (chat_app/gc_tuning.py)
         await self.chat_screen.engine_ready()
 

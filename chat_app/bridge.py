@@ -22,6 +22,8 @@ from textual.message_pump import MessagePump
 from gpu.outputs import RequestMetrics, RequestOutput
 
 DEFAULT_FPS = 30.0
+# Where the engine computes on this machine's CPU, the app's frames take the cores it steps on.
+CPU_ENGINE_FPS = 15.0
 
 
 class OutputsReady(Message):
@@ -73,6 +75,23 @@ class OutputBridge:
         if not self._wakeup_posted:
             self._wakeup_posted = True
             self._target.post_message(OutputsReady())
+
+    @property
+    def frame_interval(self) -> float:
+        return self._frame
+
+    def pace_for(self, device: str) -> None:
+        """Drain at most CPU_ENGINE_FPS times a second if the engine runs on the CPU.
+
+        There the engine's products and the app's frames share the machine's cores, and on a
+        CPU a tab gets a token every ~40 ms: at 30 frames a second each token was a frame of
+        its own (Textual's layout and render, ~9 ms of the UI thread). `tinychat bench app
+        --device cpu --tabs 2` (the default model), 3 runs each, alternating, load 3.0-4.0:
+        the app's CPU per 1,000 tokens 2.2-3.1 s at 15 frames against 4.3-5.7 s at 30, and
+        the app on the core 0.96-1.08x of the core alone against 0.80-1.01x. A GPU engine
+        needs one core of the host: 30 frames stay."""
+        if device == "cpu":
+            self._frame = max(self._frame, 1.0 / CPU_ENGINE_FPS)
 
     def delay_until_next_frame(self) -> float:
         """Seconds to wait so that drains happen at most once per frame."""

@@ -7,7 +7,7 @@ import threading
 import pytest
 from app_doubles import FakeEngine, FakeEngineThread
 
-from chat_app.bridge import OutputBridge, OutputsReady
+from chat_app.bridge import CPU_ENGINE_FPS, DEFAULT_FPS, OutputBridge, OutputsReady
 from gpu.outputs import CompletionOutput, RequestOutput
 from gpu.sampling_params import SamplingParams
 
@@ -90,6 +90,19 @@ def test_drains_are_paced_to_the_frame_rate() -> None:
     assert bridge.delay_until_next_frame() == pytest.approx(0.02)
     now[0] += 0.05
     assert bridge.delay_until_next_frame() == 0.0
+
+
+def test_drains_are_paced_slower_when_the_engine_computes_on_the_cpu() -> None:
+    """A CPU engine shares its cores with the UI: at most CPU_ENGINE_FPS frames a second."""
+    for device, fps in (("cuda", DEFAULT_FPS), ("cpu", CPU_ENGINE_FPS)):
+        now = [10.0]
+        bridge = OutputBridge(Recorder(), clock=lambda now=now: now[0])  # type: ignore[arg-type]
+        bridge.pace_for(device)
+        bridge.drain()
+        assert bridge.delay_until_next_frame() == pytest.approx(1 / fps)
+    slow = OutputBridge(Recorder(), fps=5)  # type: ignore[arg-type]
+    slow.pace_for("cpu")  # a slower pace that was asked for stays
+    assert slow.frame_interval == pytest.approx(0.2)
 
 
 # -- the fake engine honours the engine thread's contract ----------------------------------
