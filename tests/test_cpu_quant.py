@@ -186,8 +186,9 @@ def test_paged_attention_matches_the_oracle(q_lens):
     expected = np.zeros((qsl[-1], nh * hd), np.float32)
     CpuBackend().attention(qkv, k_cache, v_cache, batch, nh, nkv, hd, hd**-0.5, expected)
     got = np.zeros_like(expected)
+    k_heads, v_heads = (np.ascontiguousarray(c.transpose(0, 2, 1, 3)) for c in (k_cache, v_cache))
     paged_attention(
-        qkv, k_cache, v_cache, qsl, ctx, tables, nh, hd, nh // nkv, np.float32(hd**-0.5), 40, got
+        qkv, k_heads, v_heads, qsl, ctx, tables, nh, hd, nh // nkv, np.float32(hd**-0.5), 40, got
     )
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
@@ -209,13 +210,15 @@ def test_small_ops_match_the_oracle():
     cos, sin = rope_cos_sin(hd, 10000.0, 64, None)
     qkv = rng.standard_normal((3, (nh + 2 * nkv) * hd)).astype(np.float32)
     positions, slots = np.array([5, 17, 63], np.int32), np.array([3, -1, 30], np.int32)
-    caches = [np.zeros((2, 16, nkv, hd), np.float32) for _ in range(4)]
+    mine_kv = quant.allocate_kv_cache(1, 2, 16, nkv, hd)[0]  # head-major blocks
+    theirs_kv = oracle.allocate_kv_cache(1, 2, 16, nkv, hd)[0]
     mine, theirs = qkv.copy(), qkv.copy()
-    quant.rope_kv_write(mine, positions, cos, sin, *caches[:2], slots, nh, nkv, hd)
-    oracle.rope_kv_write(theirs, positions, cos, sin, *caches[2:], slots, nh, nkv, hd)
+    quant.rope_kv_write(mine, positions, cos, sin, *mine_kv, slots, nh, nkv, hd)
+    oracle.rope_kv_write(theirs, positions, cos, sin, *theirs_kv, slots, nh, nkv, hd)
     np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(caches[0], caches[2], rtol=1e-5, atol=1e-6)
-    np.testing.assert_array_equal(caches[1], caches[3])
+    k_heads, v_heads = (c.transpose(0, 2, 1, 3) for c in theirs_kv)
+    np.testing.assert_allclose(mine_kv[0], k_heads, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(mine_kv[1], v_heads)
 
     gate_up = rng.standard_normal((3, 2 * 37)).astype(np.float32) * 10
     got, expected = np.empty((3, 37), np.float32), np.empty((3, 37), np.float32)

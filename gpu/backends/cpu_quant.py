@@ -141,6 +141,17 @@ class CpuQuantBackend(CpuBackend):
         self._cached = None
         return None
 
+    def allocate_kv_cache(
+        self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Head-major blocks, [blocks, kv_heads, block_size, head_dim]: a KV head's rows of a
+        block are contiguous (gpu/kernels/cpu/attention.py); only this backend's rope_kv_write
+        and attention read or write them."""
+        shape = (num_blocks, num_kv_heads, block_size, head_dim)
+        return [
+            (np.zeros(shape, np.float32), np.zeros(shape, np.float32)) for _ in range(num_layers)
+        ]
+
     def _use_threads(self) -> None:
         """Numba's thread count is per calling thread: set it in the thread that runs steps
         (the engine's thread or process), once."""

@@ -2,7 +2,8 @@
 
 At decode sizes (a few rows of 576) each numpy call costs more than its arithmetic, and the
 oracle spends 4-20 of them per op; one compiled loop each removes that. Not parallel: a few rows
-are less work than waking a thread. numpy twins: CpuBackend.rmsnorm, .rope_kv_write, .silu_mul.
+are less work than waking a thread. numpy twins: CpuBackend.rmsnorm, .rope_kv_write (whose
+caches are [blocks, block_size, kv_heads, head_dim]), .silu_mul.
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ def rmsnorm(x, weight, eps, out):  # pragma: no cover - compiled
 def rope_kv_write(
     qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads, head_dim
 ):  # pragma: no cover - compiled
-    """Rotate-half RoPE on q and k of each row in place; k, v to their slots (slot < 0: none)."""
+    """Rotate-half RoPE on q and k of each row in place; k, v to their slots (slot < 0: none)
+    in caches laid out [blocks, kv_heads, block_size, head_dim] (attention.py says why)."""
     t_count = qkv.shape[0]
     half = head_dim // 2
-    block_size = k_cache.shape[1]
+    block_size = k_cache.shape[2]
     k_off = num_heads * head_dim
     v_off = k_off + num_kv_heads * head_dim
     for t in range(t_count):
@@ -48,8 +50,8 @@ def rope_kv_write(
         blk, off = slot // block_size, slot % block_size
         for h in range(num_kv_heads):
             for i in range(head_dim):
-                k_cache[blk, off, h, i] = qkv[t, k_off + h * head_dim + i]
-                v_cache[blk, off, h, i] = qkv[t, v_off + h * head_dim + i]
+                k_cache[blk, h, off, i] = qkv[t, k_off + h * head_dim + i]
+                v_cache[blk, h, off, i] = qkv[t, v_off + h * head_dim + i]
 
 
 @njit(fastmath=True, cache=True, nogil=True)
