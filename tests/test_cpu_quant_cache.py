@@ -90,6 +90,13 @@ def test_stale_and_corrupt_files_are_rebuilt(tmp_path, home, monkeypatch, caplog
     assert "stale" in caplog.text and calls
 
 
+def test_hugging_face_snapshots_cache_under_home(tmp_path, home, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    folder = tmp_path / "hub" / "models--org--tiny" / "snapshots" / "abc"
+    (only,) = cache_paths(folder, "q8")
+    assert only.is_relative_to(home)
+
+
 def test_read_only_folder_caches_under_home(tmp_path, home, monkeypatch):
     if os.geteuid() == 0:  # root writes through a read-only mode bit: make the write fail
         import weights.quant_cache as qc

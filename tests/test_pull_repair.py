@@ -25,7 +25,8 @@ def home_copy(default_model_dir: Path, tmp_path: Path, monkeypatch) -> Path:
     """A $TINYCHAT_HOME holding the default model, all but its weights copied (they are big)."""
     home = tmp_path / "home"
     dest = home / "models" / DEFAULT_MODEL_NAME
-    shutil.copytree(default_model_dir, dest, ignore=shutil.ignore_patterns(SINGLE_FILE))
+    skip = shutil.ignore_patterns(SINGLE_FILE, ".tinychat-quantized-*")  # and the q8 / q4 caches
+    shutil.copytree(default_model_dir, dest, ignore=skip)
     monkeypatch.setenv("TINYCHAT_HOME", str(home))
     return dest
 

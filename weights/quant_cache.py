@@ -4,11 +4,12 @@ The engine's CPU path quantizes every matrix at load; this module only stores an
 resulting arrays (it knows no format: the caller names the arrays and says which format and
 layout version they are). A cache file is an uncompressed .npz with a `key` entry: the model's
 files (name, size, modification time), the format and its version. It lives beside the model
-(`.tinychat-quantized-<format>.npz`) or, where that folder cannot be written, under
-`$TINYCHAT_HOME/quantized/`. A stale or unreadable file is rebuilt, with one warning; a cache
-that cannot be written anywhere costs only the next load's quantization. Measured on the
-default model (2-core host): a q8 load took 0.33 s from the cache against 0.52 s quantizing, a
-q4 load 0.31 against 1.1-1.35 s (the tensors are still read: the cache skips the arithmetic).
+(`.tinychat-quantized-<format>.npz`) or, where that folder cannot be written or is a snapshot in
+the Hugging Face cache, under `$TINYCHAT_HOME/quantized/`. A stale or unreadable file is
+rebuilt, with one warning; a cache that cannot be written anywhere costs only the next load's
+quantization. Measured on the default model (2-core host): a q8 load took 0.33 s from the cache
+against 0.52 s quantizing, a q4 load 0.31 against 1.1-1.35 s (the tensors are still read: the
+cache skips the arithmetic).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .paths import tinychat_home
+from .paths import hf_hub_cache, tinychat_home
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +41,13 @@ def source_key(folder: Path, fmt: str, version: int) -> str:
 
 
 def cache_paths(folder: Path, fmt: str) -> list[Path]:
-    """Where a cache file may be: beside the model, then under $TINYCHAT_HOME."""
-    name = f".tinychat-quantized-{fmt}.npz"
+    """Where a cache file may be: beside the model, then under $TINYCHAT_HOME (only there for
+    a snapshot in the Hugging Face cache, which is the hub library's to manage)."""
     digest = hashlib.sha256(str(folder.absolute()).encode()).hexdigest()[:16]
-    return [folder / name, tinychat_home() / "quantized" / f"{digest}-{fmt}.npz"]
+    in_home = tinychat_home() / "quantized" / f"{digest}-{fmt}.npz"
+    if folder.absolute().is_relative_to(hf_hub_cache().absolute()):
+        return [in_home]
+    return [folder / f".tinychat-quantized-{fmt}.npz", in_home]
 
 
 def load_quantized(folder: Path, fmt: str, version: int) -> dict[str, np.ndarray] | None:
