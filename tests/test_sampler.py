@@ -13,7 +13,12 @@ from gpu.backends.cpu import CpuBackend
 from gpu.loader import build_engine
 from gpu.model_weights import random_hf_tensors
 from gpu.sampling import SamplingMetadata, gumbel_noise, uniform_from_counter
-from gpu.sampling.numpy_sampler import sample, top_p_threshold
+from gpu.sampling.numpy_sampler import (
+    PARTIAL,
+    partial_top_p_threshold,
+    sample,
+    top_p_threshold,
+)
 from gpu.sampling.rng import MIX1, MIX2, SEED_MUL, STEP_MUL, TOKEN_MUL
 from gpu.sampling.token_state import (
     BAN_BIT,
@@ -69,6 +74,34 @@ def test_top_p_keeps_the_smallest_nucleus():
     np.testing.assert_allclose(counts[:3] / counts.sum(), kept, atol=0.015)
     assert top_p_threshold(PROBS, 0.6) == pytest.approx(0.25)
     assert top_p_threshold(PROBS, 0.3) == pytest.approx(0.4)
+
+
+def test_the_fast_path_draws_the_twins_tokens():
+    """sample(fast=True) (the CPU fast path's: top-p from a partial sort, noise for the kept
+    ids alone) gives the twin's tokens: peaked rows whose nucleus ends among the largest
+    PARTIAL, flat rows that fall back to the whole row, ties, -inf, min_p and top_k zeros."""
+    rng = np.random.default_rng(7)
+    rows, vocab = 12, 5 * PARTIAL + 37  # past the partial sort's 4 * PARTIAL
+    logits = rng.standard_normal((rows, vocab)) * rng.choice([0.2, 1.0, 3.0, 5.0], (rows, 1))
+    logits = logits.astype(np.float32)
+    logits[0, :9] = logits[0].max()  # ties at the top
+    logits[1, rng.integers(0, vocab, 300)] = -np.inf
+    logits[2] = 0.5  # all equal
+    md = metadata(
+        rows,
+        temperature=rng.choice([0.5, 0.7, 1.0, 1.3], rows).astype(np.float32),
+        top_p=np.array([0.9, 0.5, 0.9, 0.99, 0.7, 0.95, 0.9, 0.3, 1.0, 0.8, 0.9, 0.6], np.float32),
+        top_k=np.array([0, 0, 0, 50, 0, 3000, 0, 0, 20, 0, 0, 0], np.int32),
+        min_p=np.array([0, 0, 0, 0, 0.05, 0, 0.3, 0, 0, 0, 0.01, 0], np.float32),
+        seed=rng.integers(0, 2**63, rows).astype(np.uint64),
+        step=rng.integers(0, 1000, rows).astype(np.uint64),
+    )
+    for step in range(3):
+        md.step = md.step + np.uint64(step)
+        assert sample(logits, md, fast=True).tolist() == sample(logits, md).tolist()
+    probs = np.exp(logits[3] * 3 - (logits[3] * 3).max()).astype(np.float32)
+    probs /= probs.sum()
+    assert partial_top_p_threshold(probs, 0.9) == top_p_threshold(probs, 0.9)
 
 
 def test_min_p_drops_tokens_below_a_fraction_of_the_top():

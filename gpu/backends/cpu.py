@@ -44,6 +44,7 @@ class CpuBackend(ComposedOps):
     weight_format = "f32"  # weights are upcast to float32 once, at load
     kv_element_bytes = 4
     token_state: np.ndarray | None = None  # the sampler's (reserve_token_state)
+    fast_sampling = False  # the oracle samples as numpy_sampler's twin, sorts and all
 
     def __init__(self, threads: int | None = None) -> None:
         """`threads`: BLAS threads (None: every core this process may use, cpu_threads.py)."""
@@ -199,4 +200,4 @@ class CpuBackend(ComposedOps):
         if self.token_state is None and (metadata.state_writes or metadata.has_state):
             raise RuntimeError("token state used before reserve_token_state")
         write_states(self.token_state, metadata.state_writes)
-        return numpy_sample(np.asarray(logits), metadata, self.token_state)
+        return numpy_sample(np.asarray(logits), metadata, self.token_state, self.fast_sampling)

@@ -90,7 +90,10 @@ class QuantizedMatrix:
 class CpuQuantBackend(CpuBackend):
     """`precision` "q8" or "q4"; `threads`: Numba's threads for the products. OpenBLAS runs
     only attention's small products here, one thread each: threading them costs more than it
-    saves, and spinning BLAS threads are what a shared machine punishes."""
+    saves, and spinning BLAS threads are what a shared machine punishes. Sampling skips the
+    twin's full-row sort and noise (numpy_sampler's `fast`): the same draws."""
+
+    fast_sampling = True
 
     def __init__(self, precision: str = "q8", threads: int = 1) -> None:
         if precision not in PRECISIONS:

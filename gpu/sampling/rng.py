@@ -52,3 +52,13 @@ def gumbel_noise(seed: int, step: int, vocab_size: int) -> np.ndarray:
         np.arange(vocab_size, dtype=np.uint64),
     )
     return -np.log(-np.log(u))
+
+
+def gumbel_noise_at(seed: int, step: int, token_ids: np.ndarray) -> np.ndarray:
+    """gumbel_noise(seed, step, V)[token_ids], drawing only those."""
+    u = uniform_from_counter(
+        np.array([seed], dtype=np.uint64),
+        np.array([step], dtype=np.uint64),
+        np.asarray(token_ids, dtype=np.uint64),
+    )
+    return -np.log(-np.log(u))
