@@ -7,7 +7,7 @@
 # COMPARE=hf (then throughput and chat run in a process of their own, bench_llama_load.json).
 # Writes under $OUT: speed.log, bench_*.json and the microbenchmarks' JSON; prints the bench
 # tables last, each part's seconds after it. Each part has its own time limit.
-# Knobs: MICRO (which microbenchmarks; MICRO=none for none), WORKLOADS, REQUESTS, COMPARE,
+# Knobs: MICRO (which microbenchmarks; MICRO=none for none), WORKLOADS, REQUESTS, COMPARE, SKIP_TABLE,
 # SAMPLING (default all; e.g. greedy,chat), SKIP_TESTS, SKIP_EAGER, SKIP_SMOL, SKIP_STARTUP, SKIP_SERVE,
 # BASELINE=1 (also latency + decode with the serial engine, --no-async-scheduling), T_* limits,
 # SKIP_APP, APP_TABS (default "1 8": `bench app`, the real app headless against the engine
@@ -44,6 +44,14 @@ took() { echo "   ($(( SECONDS - $1 )) s)"; }
         --json "$OUT/bench_startup_$config.json" 2>&1 | tail -3
       took $t
     done
+  fi
+  # Issue 22's table: every sampling setting beside greedy through the engine, batches 1-256.
+  if [ -z "${SKIP_TABLE:-}" ]; then
+    echo "== sampling table llama-3.2-1b (engine.step, 128 new tokens)"
+    t=$SECONDS
+    timeout "${T_TABLE:-300}" python3 tests/device/sampling_table.py --config llama-3.2-1b \
+      --batches 1,8,64,256 --new-tokens 128 2>&1 | tail -30
+    took $t
   fi
   # --sampling all: 7 settings x (latency + 4 batches) = 35 rows, plus the header lines.
   if [ -z "${SKIP_SMOL:-}" ]; then
