@@ -315,20 +315,6 @@ def synthetic_model_folder(
     return folder
 
 
-def random_model_folder(config_name: str, layers: int | None) -> Path:
-    """--config's random weights as a model folder, written once and reused: the app needs
-    a tokenizer and a chat template, the engine core loads a model by path, and every run
-    must run the same weights (how flat the logits are sets how much work top-p does)."""
-    name = f"tinychat-bench-app-{config_name}" + (f"-{layers}-layers" if layers else "")
-    folder = Path(tempfile.gettempdir()) / name
-    done = folder / ".complete"
-    if not done.exists():
-        print(f"writing {config_name}'s random weights to {folder} (once)...", flush=True)
-        fixtures.random_model_folder(folder, config_name, layers, paragraph=PARAGRAPH)
-        done.touch()
-    return folder
-
-
 def _core_available() -> bool:
     try:
         import gpu.engine_core  # noqa: F401
@@ -373,7 +359,8 @@ def run_bench_app(
     label = None
     if args.config is not None:
         label = f"{args.config} (random bf16 weights)"
-        folder = random_model_folder(args.config, args.layers)
+        # The app needs a tokenizer and a chat template, and the core loads a model by path.
+        folder = fixtures.cached_random_model_folder(args.config, args.layers, PARAGRAPH)
         args = argparse.Namespace(**{**vars(args), "model": str(folder), "config": None})
     if {"synthetic", "app-synthetic"} & set(runs):
         client = synthetic_client(args)

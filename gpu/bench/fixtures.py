@@ -82,7 +82,8 @@ def cached_random_model_folder(
 ) -> Path:
     """random_model_folder in the system's temporary folder, written once and reused by every
     later bench on this machine (Llama-3.2-1B's 2.5 GB take ~16 s to draw and write; the
-    same weights in every run also keep the logits, and so top-p's work, the same)."""
+    same weights in every run also keep the logits, and so top-p's work, the same). Used by
+    bench startup, bench serve and bench app (with its paragraph tokenizer)."""
     name = f"tinychat-bench-{config_name}" + (f"-{layers}-layers" if layers else "")
     folder = Path(tempfile.gettempdir()) / (name + (f"-p{paragraph}" if paragraph else ""))
     done = folder / ".complete"
