@@ -5,8 +5,8 @@ A decode step on a CPU is bound by its weights. The oracle (`cpu.py`) multiplies
 quantized once at load into per-row int8 (q8) or Q4_1 blocks (q4) and multiplied by the Numba
 kernels of gpu/kernels/cpu/quant_gemm.py, which dequantize in registers. Norms, RoPE, SiLU and
 paged attention are Numba twins of the oracle's ops (one call each instead of many small numpy
-calls) and sampling is the oracle's own, so the engine above it (paged KV, prefix cache,
-continuous batching) is the same. The oracle stays
+calls) and sampling is the oracle's sampler with its `fast` option (the same draws), so the
+engine above it (paged KV, prefix cache, continuous batching) is the same. The oracle stays
 float32 and unchanged: every kernel here is tested against it.
 
 Quantized once: loading a model folder (`use_weight_cache`), the quantized matrices are kept
