@@ -8,8 +8,8 @@ TINYCHAT_HOME point into a new temporary folder: whichever the kernel cache live
 empty); "warm" is a second process on the same folders. The model is resolved once, in the
 parent, so an empty TINYCHAT_HOME does not fetch the default model again. With --config the
 preset's random weights are written once as a bf16 safetensors folder
-(fixtures.cached_random_model_folder) and loaded from it, as a user's model is: drawing them in
-the measured process would time 1.2 B float32 draws and their bf16 rounding instead.
+(fixtures.cached_random_model_folder) and loaded from it, as a user's model is: drawn in the
+measured process, float32 weights would be rounded to bf16 there, which no user load does.
 """
 
 from __future__ import annotations
