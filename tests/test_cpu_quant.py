@@ -57,8 +57,8 @@ def test_q4_1_recovers_a_q4_1_grid():
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize(
     "n, k, t",
-    [(37, 70, 1), (37, 70, 3), (8, 32, 1), (51, 96, 7)],
-    ids=["odd-k-one-token", "odd-k-3-tokens", "one-block", "7-tokens"],
+    [(37, 70, 1), (37, 70, 3), (8, 32, 1), (51, 96, 5), (51, 96, 7)],
+    ids=["odd-k-one-token", "odd-k-3-tokens", "one-block", "5-tokens", "7-tokens"],
 )
 @pytest.mark.parametrize("accumulate", [False, True], ids=["store", "accumulate"])
 def test_gemm_matches_the_float32_twin(fmt, n, k, t, accumulate):
@@ -88,13 +88,17 @@ def test_backend_ops_match_the_oracle(fmt):
     want = residual + expected
     quant.linear_residual(x, qw, residual, scratch)
     np.testing.assert_allclose(residual, want, rtol=1e-5, atol=1e-4)
-    # The embedding: rows looked up, a token still in flight taken from the last step's ids.
+    # The embedding (per-row int8 on both paths): rows looked up, a token still in flight
+    # taken from the last step's ids.
     table = quant.weight(w, "embedding")
+    assert table.fmt == "q8"
     ids, prev_rows = np.array([3, 0, 44], np.int32), np.array([-1, 1, -1])
     sampled = np.array([9, 7])
     got, expected = np.empty((3, 40), np.float32), np.empty((3, 40), np.float32)
     quant.embed(ids, table, got, prev_rows, sampled)
-    oracle.embed(ids, fw, expected, prev_rows, sampled)
+    oracle.embed(
+        ids, oracle.weight(_dequantized(w, "q8"), "embedding"), expected, prev_rows, sampled
+    )
     np.testing.assert_array_equal(got, expected)
 
 
@@ -103,7 +107,10 @@ def _engines(fmt: str, config, seed: int = 0, std: float = 0.35, **engine_args):
     float32 oracle."""
     tensors = random_hf_tensors(config, seed=seed, std=std)
     matrices = {n: t for n, t in tensors.items() if t.ndim == 2}
-    dequantized = {**tensors, **{n: _dequantized(t, fmt) for n, t in matrices.items()}}
+    dequantized = {
+        **tensors,
+        **{n: _dequantized(t, "q8" if "embed" in n else fmt) for n, t in matrices.items()},
+    }
     engine_args.setdefault("num_kv_blocks", 128)
 
     def build(backend, weights):

@@ -13,10 +13,13 @@ pmaddubsw / pmaddwd):
   perplexity and greedy agreement: BENCHMARKS.md "The CPU paths".
 - q4, Q4_1 blocks of 32 along K (llama.cpp's): qs uint8 [N, Kp/2], d, m float32 [N, Kp/32]:
   w = d * q + m, q in 0..15 (K padded with zeros to a multiple of 32). Byte j of a block holds
-  element j in its low nibble and element j + 16 in its high one (llama.cpp's order). Each row
-  is dequantized once into a float32 scratch row that stays in L1, then dotted with every
-  token (the block length comes in as an argument, `qk`: a constant 32 got the inner loops
-  unrolled into scalar code).
+  element j in its low nibble and element j + 16 in its high one (llama.cpp's order), so a
+  block's dot is one unit-stride loop over its 16 bytes against x[k0:k0+16] and
+  x[k0+16:k0+32]; then out += d_b * dot_b + m_b * xsum_b, with each token's block sums of x
+  taken once a call. Two rows share each activation load and four tokens each weight load, as
+  in q8 (the block length comes in as an argument, `half`: a constant got the inner loop
+  unrolled into scalar code). [3072, 576] at one token: 230-270 us, 2.2-2.7x q8's time: the
+  per-block sums cost more than its 25% fewer bytes save, and q8 is the default.
 
 The products run prange over tasks of ROWS_PER_TASK output rows, and ask for the next rows'
 bytes while they work on the current ones (prefetch.py: read from DRAM, the products ran at half
@@ -92,35 +95,6 @@ def _put(out, t, n, value, accumulate):  # pragma: no cover - compiled
         out[t, n] += value
     else:
         out[t, n] = value
-
-
-@njit(fastmath=True, cache=True, nogil=True)
-def _dots(row, x, out, n, accumulate):  # pragma: no cover - compiled
-    """out[t, n] (+)= row[:K] . x[t] for every token t: vectorised float32 reductions, four
-    tokens per pass over the row (each load of it serves four; 25-30% faster at 8 tokens)."""
-    t_count, k = x.shape
-    t = 0
-    while t + 4 <= t_count:
-        x0, x1, x2, x3 = x[t], x[t + 1], x[t + 2], x[t + 3]
-        a0 = a1 = a2 = a3 = np.float32(0.0)
-        for j in range(k):
-            r = row[j]
-            a0 += r * x0[j]
-            a1 += r * x1[j]
-            a2 += r * x2[j]
-            a3 += r * x3[j]
-        _put(out, t, n, a0, accumulate)
-        _put(out, t + 1, n, a1, accumulate)
-        _put(out, t + 2, n, a2, accumulate)
-        _put(out, t + 3, n, a3, accumulate)
-        t += 4
-    while t < t_count:
-        xr = x[t]
-        acc = np.float32(0.0)
-        for j in range(k):
-            acc += row[j] * xr[j]
-        _put(out, t, n, acc, accumulate)
-        t += 1
 
 
 @njit(fastmath=True, cache=True, nogil=True)
@@ -208,23 +182,100 @@ def gemm_q8(x, qs, d, out, accumulate):  # pragma: no cover - compiled
             _row_pair_dots(qs[n], qs[n + 1], d[n], d[n + 1], x, out, n, both, accumulate)
 
 
+@njit(fastmath=True, cache=True, nogil=True)
+def _q4_1_pair_dots(
+    w0, w1, d0, d1, m0, m1, x, xs, out, n, both, accumulate, half
+):  # pragma: no cover - compiled
+    """out[t, n] (+)= the Q4_1 row (w0, d0, m0) . x[t], and row n + 1 (w1, ...) when `both`,
+    for every token t: block by block, four tokens a pass, then one; xs[t, b] is the sum of
+    x[t]'s block b (x zero-padded to whole blocks)."""
+    t_count = x.shape[0]
+    qk = 2 * half
+    t = 0
+    while t + 4 <= t_count:
+        x0, x1, x2, x3 = x[t], x[t + 1], x[t + 2], x[t + 3]
+        s0 = s1 = s2 = s3 = r0 = r1 = r2 = r3 = np.float32(0.0)
+        for b in range(d0.shape[0]):
+            k0, p0 = b * qk, b * half
+            a0 = a1 = a2 = a3 = c0 = c1 = c2 = c3 = np.float32(0.0)
+            for j in range(half):
+                u, v = w0[p0 + j], w1[p0 + j]
+                lu, hu = np.float32(u & 15), np.float32(u >> 4)
+                lv, hv = np.float32(v & 15), np.float32(v >> 4)
+                e, f = x0[k0 + j], x0[k0 + half + j]
+                a0 += lu * e + hu * f
+                c0 += lv * e + hv * f
+                e, f = x1[k0 + j], x1[k0 + half + j]
+                a1 += lu * e + hu * f
+                c1 += lv * e + hv * f
+                e, f = x2[k0 + j], x2[k0 + half + j]
+                a2 += lu * e + hu * f
+                c2 += lv * e + hv * f
+                e, f = x3[k0 + j], x3[k0 + half + j]
+                a3 += lu * e + hu * f
+                c3 += lv * e + hv * f
+            da, ma, dc, mc = d0[b], m0[b], d1[b], m1[b]
+            s0 += da * a0 + ma * xs[t, b]
+            s1 += da * a1 + ma * xs[t + 1, b]
+            s2 += da * a2 + ma * xs[t + 2, b]
+            s3 += da * a3 + ma * xs[t + 3, b]
+            r0 += dc * c0 + mc * xs[t, b]
+            r1 += dc * c1 + mc * xs[t + 1, b]
+            r2 += dc * c2 + mc * xs[t + 2, b]
+            r3 += dc * c3 + mc * xs[t + 3, b]
+        _put(out, t, n, s0, accumulate)
+        _put(out, t + 1, n, s1, accumulate)
+        _put(out, t + 2, n, s2, accumulate)
+        _put(out, t + 3, n, s3, accumulate)
+        if both:
+            _put(out, t, n + 1, r0, accumulate)
+            _put(out, t + 1, n + 1, r1, accumulate)
+            _put(out, t + 2, n + 1, r2, accumulate)
+            _put(out, t + 3, n + 1, r3, accumulate)
+        t += 4
+    while t < t_count:
+        x0 = x[t]
+        s0 = r0 = np.float32(0.0)
+        for b in range(d0.shape[0]):
+            k0, p0 = b * qk, b * half
+            a0 = c0 = np.float32(0.0)
+            for j in range(half):
+                u, v = w0[p0 + j], w1[p0 + j]
+                e, f = x0[k0 + j], x0[k0 + half + j]
+                a0 += np.float32(u & 15) * e + np.float32(u >> 4) * f
+                c0 += np.float32(v & 15) * e + np.float32(v >> 4) * f
+            s0 += d0[b] * a0 + m0[b] * xs[t, b]
+            r0 += d1[b] * c0 + m1[b] * xs[t, b]
+        _put(out, t, n, s0, accumulate)
+        if both:
+            _put(out, t, n + 1, r0, accumulate)
+        t += 1
+
+
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
-def gemm_q4_1(x, qs, d, m, out, accumulate, qk):  # pragma: no cover - compiled
-    """out[t, n] (+)= x[t] . dequantize_q4_1(qs, d, m)[n][:K] for x [T, K] float32."""
+def gemm_q4_1(x, qs, d, m, out, accumulate, half):  # pragma: no cover - compiled
+    """out[t, n] (+)= x[t] . dequantize_q4_1(qs, d, m)[n][:K] for x [T, K] float32; `half`
+    is half a block (HALF)."""
     n_rows, nb = d.shape
-    half = qk // 2
+    t_count, k = x.shape
+    qk = 2 * half
+    if k != nb * qk:  # the last block's missing elements meet zeros
+        xp = np.zeros((t_count, nb * qk), np.float32)
+        xp[:, :k] = x
+    else:
+        xp = x
+    xs = np.empty((t_count, nb), np.float32)
+    for t in range(t_count):
+        for b in range(nb):
+            xs[t, b] = xp[t, b * qk : (b + 1) * qk].sum()
     row_bytes = qs.shape[1]
     flat = qs.reshape(-1)
     tasks = (n_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK
     for task in prange(tasks):
-        row = np.empty(nb * qk, np.float32)
-        for n in range(task * ROWS_PER_TASK, min(n_rows, (task + 1) * ROWS_PER_TASK)):
-            _prefetch_rows(flat, (n + 1) * row_bytes, (n + 3) * row_bytes)
-            wq, wd, wm = qs[n], d[n], m[n]
-            for b in range(nb):
-                s, o, k0, p0 = wd[b], wm[b], b * qk, b * half
-                for i in range(half):
-                    byte = wq[p0 + i]
-                    row[k0 + i] = s * np.float32(byte & 0xF) + o
-                    row[k0 + half + i] = s * np.float32(byte >> 4) + o
-            _dots(row, x, out, n, accumulate)
+        for n in range(task * ROWS_PER_TASK, min(n_rows, (task + 1) * ROWS_PER_TASK), 2):
+            _prefetch_rows(flat, (n + 2) * row_bytes, (n + 4) * row_bytes)
+            both = n + 1 < n_rows
+            n1 = n + 1 if both else n  # an odd last row is read twice, its pair never written
+            _q4_1_pair_dots(
+                qs[n], qs[n1], d[n], d[n1], m[n], m[n1], xp, xs, out, n, both, accumulate, half
+            )
