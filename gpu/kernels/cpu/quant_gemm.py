@@ -252,22 +252,32 @@ def _q4_1_pair_dots(
         t += 1
 
 
+@njit(fastmath=True, cache=True, nogil=True)
+def _block_sums(x, nb, half):  # pragma: no cover - compiled
+    """x zero-padded to nb whole blocks, and the sum of each token's blocks. Serial, and apart
+    from the parallel product: there, numpy calls become parallel loops of their own."""
+    t_count, k = x.shape
+    qk = 2 * half
+    xp = x
+    if k != nb * qk:  # the last block's missing elements meet zeros
+        xp = np.zeros((t_count, nb * qk), np.float32)
+        xp[:, :k] = x
+    xs = np.zeros((t_count, nb), np.float32)
+    for t in range(t_count):
+        for b in range(nb):
+            acc = np.float32(0.0)
+            for j in range(b * qk, (b + 1) * qk):
+                acc += xp[t, j]
+            xs[t, b] = acc
+    return xp, xs
+
+
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def gemm_q4_1(x, qs, d, m, out, accumulate, half):  # pragma: no cover - compiled
     """out[t, n] (+)= x[t] . dequantize_q4_1(qs, d, m)[n][:K] for x [T, K] float32; `half`
     is half a block (HALF)."""
-    n_rows, nb = d.shape
-    t_count, k = x.shape
-    qk = 2 * half
-    if k != nb * qk:  # the last block's missing elements meet zeros
-        xp = np.zeros((t_count, nb * qk), np.float32)
-        xp[:, :k] = x
-    else:
-        xp = x
-    xs = np.empty((t_count, nb), np.float32)
-    for t in range(t_count):
-        for b in range(nb):
-            xs[t, b] = xp[t, b * qk : (b + 1) * qk].sum()
+    n_rows = d.shape[0]
+    xp, xs = _block_sums(x, d.shape[1], half)
     row_bytes = qs.shape[1]
     flat = qs.reshape(-1)
     tasks = (n_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK
