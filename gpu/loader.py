@@ -129,6 +129,8 @@ def create_engine(
     tensors = files.tensors()
     if backend.weight_format == "bf16":
         get = lambda name: tensors[name].bf16_bits()
+    elif backend.weight_format == "stored":  # bf16 bits as stored: upcast where they are used
+        get = lambda name: _as_stored(tensors[name])
     else:
         get = lambda name: tensors[name].float32()
     eos = set(files.config.eos_token_ids) | set(files.generation_config.eos_token_ids)
@@ -144,3 +146,8 @@ def create_engine(
         model_name=files.name,
         progress=progress,
     )
+
+
+def _as_stored(tensor: Any) -> np.ndarray:
+    """A BF16 tensor's bits as stored (a view of the file: nothing read yet), others float32."""
+    return tensor.data if tensor.dtype == "BF16" else tensor.float32()

@@ -99,6 +99,9 @@ class CpuQuantBackend(CpuBackend):
     twin's full-row sort and noise (numpy_sampler's `fast`): the same draws."""
 
     fast_sampling = True
+    # Weights come as stored (bf16 bits of a bf16 checkpoint), upcast only when quantized: a
+    # load from the cache reads no matrix of the model folder but the merged ones.
+    weight_format = "stored"
 
     def __init__(self, precision: str = "q8", threads: int = 1) -> None:
         if precision not in PRECISIONS:
