@@ -4,7 +4,9 @@ engine on it.
 
 The kernels dequantize exactly (a scale times a small integer, plus Q4_1's minimum), so against
 the oracle on the dequantized weights only the order of float32 sums differs: the tolerances
-below are float32 rounding, not quantization error. Quantization error itself is bounded in
+below are float32 rounding, not quantization error. (Where the CPU has AVX2 the q8 product
+rounds the activations to int16 first: the oracle gets them rounded the same way,
+`_as_the_kernel_sees`.) Quantization error itself is bounded in
 test_quantization_error_is_half_a_step.
 """
 
@@ -30,13 +32,17 @@ def _dequantized(w: np.ndarray, fmt: str) -> np.ndarray:
     return m.dequantize_rows(np.arange(w.shape[0]))
 
 
+def _as_the_kernel_sees(x: np.ndarray, fmt: str) -> np.ndarray:
+    return qg.int16_activations(x) if fmt == "q8" and qg.HAS_PMADDWD else x
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_quantization_error_is_half_a_step(fmt):
     w = np.random.default_rng(0).standard_normal((19, 75)).astype(np.float32)  # K: 2 blocks + 11
     m = QuantizedMatrix.quantize(w, fmt)
     err = np.abs(_dequantized(w, fmt) - w)
-    if fmt == "q8":  # one scale a row; rows padded to an even count with a zero row
-        assert m.qs.shape == (20, 75) and not m.qs[19].any()
+    if fmt == "q8":  # one scale a row; rows padded to an even count, K to whole vectors
+        assert m.qs.shape == (20, 80) and not m.qs[19].any() and not m.qs[:, 75:].any()
         step = m.d[:19, None]
     else:  # Q4_1 blocks of 32, K zero-padded to whole blocks
         assert m.qs.shape == (19, 48)
@@ -70,7 +76,23 @@ def test_gemm_matches_the_float32_twin(fmt, n, k, t, accumulate):
     out = start.copy()
     m.matmul(x, out, accumulate)
     expected = x @ _dequantized(w, fmt).T + (start if accumulate else 0)
-    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-4)
+    seen = _as_the_kernel_sees(x, fmt) @ _dequantized(w, fmt).T + (start if accumulate else 0)
+    np.testing.assert_allclose(out, seen, rtol=1e-5, atol=1e-4)
+    if fmt == "q8":  # the float product (CPUs without AVX2) on the same weights
+        out = start.copy()
+        qg.gemm_q8_float(x, m.qs, m.d, out, accumulate)
+        np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.skipif(not qg.HAS_PMADDWD, reason="the integer q8 product needs AVX2")
+def test_integer_q8_product_sums_long_rows_without_overflow():
+    """Every product at its largest (127 * 32767), K = 9,000: the 32-bit lanes hold a stretch
+    of CHUNK elements each, and the stretches are added in float32."""
+    w, x = np.ones((3, 9000), np.float32), np.ones((2, 9000), np.float32)
+    m = QuantizedMatrix.quantize(w, "q8")
+    out = np.zeros((2, 3), np.float32)
+    m.matmul(x, out, accumulate=False)
+    np.testing.assert_array_equal(out, 9000.0)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -82,7 +104,7 @@ def test_backend_ops_match_the_oracle(fmt):
     qw, fw = quant.weight(w, "matrix"), oracle.weight(_dequantized(w, fmt), "matrix")
     got, expected = np.empty((5, 45), np.float32), np.empty((5, 45), np.float32)
     quant.linear(x, qw, got)
-    oracle.linear(x, fw, expected)
+    oracle.linear(_as_the_kernel_sees(x, fmt), fw, expected)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-4)
     residual, scratch = rng.standard_normal((5, 45)).astype(np.float32), np.empty((5, 45))
     want = residual + expected

@@ -37,7 +37,7 @@ from weights.quant_cache import load_quantized, save_quantized
 
 log = logging.getLogger(__name__)
 PRECISIONS = ("q8", "q4")  # the quantized CPU paths (float32: the oracle, cpu.py)
-LAYOUT_VERSION = 3  # of the quantized arrays (quant_gemm.py): a change makes caches stale
+LAYOUT_VERSION = 4  # of the quantized arrays (quant_gemm.py): a change makes caches stale
 
 
 @dataclass

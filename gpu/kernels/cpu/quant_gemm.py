@@ -2,15 +2,17 @@
 
 A decode step reads every weight once per token; on a CPU with a few cores it is bound by the
 arithmetic of turning weights back into floats as much as by memory. Two formats, both
-quantized once at load, with float32 activations (int8 or int16 activations measured slower:
-LLVM turns Numba's integer dot products into sign-extends and 32-bit multiplies, not AVX2's
-pmaddubsw / pmaddwd):
-- q8, per-row int8: qs int8 [N, K], d float32 [N]: w = d[n] * q. The dot runs over the int8
-  row converted in the same loop (sign-extend, convert, FMA: no scratch row) and the scale is
-  applied once to the finished dot. Two rows share each activation load and four tokens each
-  weight load (the register block: 2 rows x 4 tokens). A [3072, 576] product at one token took
-  121 us against 283 us for Q8_0 blocks dequantized into an L1 row and dotted (2 busy cores);
-  perplexity and greedy agreement: BENCHMARKS.md "The CPU paths".
+quantized once at load:
+- q8, per-row int8: qs int8 [N, Kp], d float32 [N]: w = d[n] * q (K padded with zeros to a
+  multiple of 16). With AVX2, each call rounds the activations to int16 with one scale a token
+  (max|x[t]| / 32767: a relative error of 1.5e-5 of the token's largest, far below the
+  weights' own) and the dots are exact integer sums in vpmaddwd (int16_dots.py), scaled once
+  into float32: [3072, 576] at one token 129 against 157 us for the float product, at eight
+  181 against 251. The float product (any CPU): the int8 row converted inside the FMA loop
+  (sign-extend, convert, FMA: no scratch row). Either way two rows share each activation load
+  and four tokens each weight load (the register block: 2 rows x 4 tokens), and the scale is
+  applied once to the finished dot. Perplexity and greedy agreement: BENCHMARKS.md "The CPU
+  paths".
 - q4, Q4_1 blocks of 32 along K (llama.cpp's): qs uint8 [N, Kp/2], d, m float32 [N, Kp/32]:
   w = d * q + m, q in 0..15 (K padded with zeros to a multiple of 32). Byte j of a block holds
   element j in its low nibble and element j + 16 in its high one (llama.cpp's order), so a
@@ -24,7 +26,8 @@ pmaddubsw / pmaddwd):
 The products run prange over tasks of ROWS_PER_TASK output rows, and ask for the next rows'
 bytes while they work on the current ones (prefetch.py: read from DRAM, the products ran at half
 their in-cache speed without it).
-numpy twins: the `dequantize_*` functions below, then the oracle's float32 matmul.
+numpy twins: the `dequantize_*` functions below, then the oracle's float32 matmul (on
+int16_activations(x) for the integer q8 product).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from gpu.kernels.cpu.int16_dots import CHUNK, HAS_PMADDWD, VECTOR, dots_1, dots_2, dots_4
 from gpu.kernels.cpu.prefetch import prefetch
 
 QK = 32  # elements per Q4_1 block
@@ -56,10 +60,11 @@ def _blocks(w: np.ndarray) -> np.ndarray:
 
 def quantize_q8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Round to nearest with d = max|w[n]| / 127 per row; the rows are padded to an even
-    count with a zero row (the kernel runs rows in pairs and never writes the pad's output)."""
+    count with a zero row (the kernel runs rows in pairs and never writes the pad's output)
+    and to a multiple of VECTOR columns with zeros (the integer dots read whole vectors)."""
     w = np.asarray(w, dtype=np.float32)
-    if w.shape[0] % 2:
-        w = np.concatenate([w, np.zeros((1, w.shape[1]), np.float32)])
+    n, k = w.shape
+    w = np.pad(w, ((0, n % 2), (0, -k % VECTOR)))
     d = (np.abs(w).max(axis=1) / np.float32(127)).astype(np.float32)
     inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d > 0)
     return np.ascontiguousarray(np.rint(w * inv[:, None]).astype(np.int8)), d
@@ -67,6 +72,15 @@ def quantize_q8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def dequantize_q8(qs: np.ndarray, d: np.ndarray) -> np.ndarray:
     return qs.astype(np.float32) * d[:, None]
+
+
+def int16_activations(x: np.ndarray) -> np.ndarray:
+    """The activations as the integer q8 product sees them (x rounded to a grid of
+    max|x[t]| / 32767 a token): the twin's input where HAS_PMADDWD."""
+    x = np.asarray(x, dtype=np.float32)
+    s = np.abs(x).max(axis=1, keepdims=True) / np.float32(32767)
+    inv = np.divide(np.float32(1), s, out=np.zeros_like(s), where=s > 0)
+    return (np.rint(x * inv) * s).astype(np.float32)
 
 
 def quantize_q4_1(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -168,9 +182,9 @@ def _prefetch_rows(flat, start, stop):  # pragma: no cover - compiled
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
-def gemm_q8(x, qs, d, out, accumulate):  # pragma: no cover - compiled
+def gemm_q8_float(x, qs, d, out, accumulate):  # pragma: no cover - compiled
     """out[t, n] (+)= x[t] . dequantize_q8(qs, d)[n] for x [T, K] float32 and n < out.shape[1]
-    (qs may hold one zero pad row more: quantize_q8)."""
+    (qs may hold one zero pad row more, and zero pad columns: quantize_q8)."""
     n_rows = out.shape[1]
     k = qs.shape[1]
     flat = qs.reshape(-1)
@@ -180,6 +194,100 @@ def gemm_q8(x, qs, d, out, accumulate):  # pragma: no cover - compiled
             _prefetch_rows(flat, (n + 2) * k, (n + 4) * k)
             both = n + 1 < n_rows
             _row_pair_dots(qs[n], qs[n + 1], d[n], d[n + 1], x, out, n, both, accumulate)
+
+
+@njit(cache=True, nogil=True)
+def _int16_activations(x, kp):  # pragma: no cover - compiled
+    """xq int16 [T, kp] (zero-padded) and the scales sx [T]: x[t] ~ sx[t] * xq[t], rounded
+    as int16_activations rounds (IEEE arithmetic: no fastmath). Serial, apart from the
+    parallel product (there np.zeros would be a parallel loop of its own)."""
+    t_count, k = x.shape
+    xq = np.zeros((t_count, kp), np.int16)
+    sx = np.zeros(t_count, np.float32)
+    for t in range(t_count):
+        amax = np.float32(0.0)
+        for j in range(k):
+            amax = max(amax, abs(x[t, j]))
+        if amax > 0:
+            sx[t] = amax / np.float32(32767.0)
+            inv = np.float32(1.0) / sx[t]
+            for j in range(k):
+                xq[t, j] = np.int16(np.rint(x[t, j] * inv))
+    return xq, sx
+
+
+@njit(fastmath=True, cache=True, nogil=True)
+def _int16_pair_dots(qs, d, xq, sx, out, n, both, accumulate):  # pragma: no cover - compiled
+    """out[t, n] (+)= rows n and n + 1 (when `both`) of the int8 weights . the int16
+    activations, scaled: four tokens a pass, then two, then one, each over stretches of CHUNK
+    elements (int16_dots.py) added in float32."""
+    t_count = xq.shape[0]
+    vectors, step = qs.shape[1] // VECTOR, CHUNK // VECTOR
+    s0, s1 = d[n], d[n + 1]
+    t = 0
+    while t + 4 <= t_count:
+        a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = np.float32(0.0)
+        for c in range(0, vectors, step):
+            i0, i1, i2, i3, j0, j1, j2, j3 = dots_4(qs, xq, n, t, c, min(vectors, c + step))
+            a0 += i0
+            a1 += i1
+            a2 += i2
+            a3 += i3
+            b0 += j0
+            b1 += j1
+            b2 += j2
+            b3 += j3
+        _put(out, t, n, a0 * s0 * sx[t], accumulate)
+        _put(out, t + 1, n, a1 * s0 * sx[t + 1], accumulate)
+        _put(out, t + 2, n, a2 * s0 * sx[t + 2], accumulate)
+        _put(out, t + 3, n, a3 * s0 * sx[t + 3], accumulate)
+        if both:
+            _put(out, t, n + 1, b0 * s1 * sx[t], accumulate)
+            _put(out, t + 1, n + 1, b1 * s1 * sx[t + 1], accumulate)
+            _put(out, t + 2, n + 1, b2 * s1 * sx[t + 2], accumulate)
+            _put(out, t + 3, n + 1, b3 * s1 * sx[t + 3], accumulate)
+        t += 4
+    if t + 2 <= t_count:
+        a0 = a1 = b0 = b1 = np.float32(0.0)
+        for c in range(0, vectors, step):
+            i0, i1, j0, j1 = dots_2(qs, xq, n, t, c, min(vectors, c + step))
+            a0 += i0
+            a1 += i1
+            b0 += j0
+            b1 += j1
+        _put(out, t, n, a0 * s0 * sx[t], accumulate)
+        _put(out, t + 1, n, a1 * s0 * sx[t + 1], accumulate)
+        if both:
+            _put(out, t, n + 1, b0 * s1 * sx[t], accumulate)
+            _put(out, t + 1, n + 1, b1 * s1 * sx[t + 1], accumulate)
+        t += 2
+    if t < t_count:
+        a0 = b0 = np.float32(0.0)
+        for c in range(0, vectors, step):
+            i0, j0 = dots_1(qs, xq, n, t, c, min(vectors, c + step))
+            a0 += i0
+            b0 += j0
+        _put(out, t, n, a0 * s0 * sx[t], accumulate)
+        if both:
+            _put(out, t, n + 1, b0 * s1 * sx[t], accumulate)
+
+
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def gemm_q8_int16(x, qs, d, out, accumulate):  # pragma: no cover - compiled
+    """gemm_q8_float's product on int16_activations(x): exact integer dots (AVX2 only)."""
+    n_rows = out.shape[1]
+    k = qs.shape[1]
+    xq, sx = _int16_activations(x, k)
+    flat = qs.reshape(-1)
+    tasks = (n_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK
+    for task in prange(tasks):
+        for n in range(task * ROWS_PER_TASK, min(n_rows, (task + 1) * ROWS_PER_TASK), 2):
+            _prefetch_rows(flat, (n + 2) * k, (n + 4) * k)
+            _int16_pair_dots(qs, d, xq, sx, out, n, n + 1 < n_rows, accumulate)
+
+
+# out[t, n] (+)= x[t] . dequantize_q8(qs, d)[n]: the integer product where the CPU has it.
+gemm_q8 = gemm_q8_int16 if HAS_PMADDWD else gemm_q8_float
 
 
 @njit(fastmath=True, cache=True, nogil=True)
