@@ -119,3 +119,24 @@ def test_read_only_folder_caches_under_home(tmp_path, home, monkeypatch):
         assert _tokens(folder, "q8") == first and calls == []
     finally:
         folder.chmod(0o755)
+
+
+def test_cache_files_are_read_member_by_member(tmp_path):
+    """_read_npz gives what np.load gives for np.savez's files, and refuses a compressed one
+    (which load_quantized then treats as unreadable)."""
+    from weights.quant_cache import _read_npz
+
+    arrays = {
+        "key": np.array("the key"),
+        "0.qs": np.arange(-60, 60, dtype=np.int8).reshape(8, 15),
+        "0.d": np.linspace(0, 1, 8, dtype=np.float32),
+        "0.shape": np.array([8, 15]),
+    }
+    np.savez(tmp_path / "c.npz", **arrays)
+    got = _read_npz(tmp_path / "c.npz")
+    assert got.keys() == arrays.keys()
+    for name, a in arrays.items():
+        assert got[name].dtype == a.dtype and np.array_equal(got[name], a)
+    np.savez_compressed(tmp_path / "z.npz", **arrays)
+    with pytest.raises(ValueError, match="stored"):
+        _read_npz(tmp_path / "z.npz")

@@ -8,8 +8,10 @@ files (name, size, modification time), the format and its version. It lives besi
 the Hugging Face cache, under `$TINYCHAT_HOME/quantized/`. A stale or unreadable file is
 rebuilt, with one warning; a cache that cannot be written anywhere costs only the next load's
 quantization. Measured on the default model (2-core host): a q8 load took 0.33 s from the cache
-against 0.52 s quantizing, a q4 load 0.31 against 1.1-1.35 s (the tensors are still read: the
-cache skips the arithmetic).
+against 0.52 s quantizing, a q4 load 0.31 against 1.1-1.35 s. The file is read member by
+member straight into arrays (`_read_npz`), not through np.load, whose zip reader copies in
+chunks and checks every member's CRC: the default model's q8 file (135 MB, 364 arrays) in
+0.11-0.14 s against 0.20-0.30 s, and the whole q8 engine load 0.25 s against 0.36 s.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
+import struct
 import tempfile
 import zipfile
 from pathlib import Path
@@ -57,11 +61,11 @@ def load_quantized(folder: Path, fmt: str, version: int) -> dict[str, np.ndarray
         if not path.is_file():
             continue
         try:
-            with np.load(path, allow_pickle=False) as data:
-                if str(data["key"]) != key:
-                    log.warning("%s is stale (the model's files changed): quantizing again", path)
-                    return None
-                return {name: data[name] for name in data.files if name != "key"}
+            data = _read_npz(path)
+            if str(data["key"]) != key:
+                log.warning("%s is stale (the model's files changed): quantizing again", path)
+                return None
+            return {name: a for name, a in data.items() if name != "key"}
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
             log.warning("%s is unreadable (%s): quantizing again", path, e)
             return None
@@ -89,3 +93,34 @@ def save_quantized(
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
     return None
+
+
+def _read_npz(path: Path) -> dict[str, np.ndarray]:
+    """The arrays of an uncompressed .npz (np.savez's), each read from its offset in one call.
+    A member that is compressed, holds objects or ends early raises ValueError."""
+    arrays = {}
+    with zipfile.ZipFile(path) as zf, path.open("rb") as f:
+        for info in zf.infolist():
+            if info.compress_type != zipfile.ZIP_STORED or not info.filename.endswith(".npy"):
+                raise ValueError(f"{info.filename}: not a stored .npy member")
+            f.seek(info.header_offset)
+            local = f.read(30)  # the member's local header: its name and extra field follow
+            if len(local) != 30 or local[:4] != b"PK\x03\x04":
+                raise ValueError(f"{info.filename}: no local header")
+            name_len, extra_len = struct.unpack("<HH", local[26:30])
+            f.seek(info.header_offset + 30 + name_len + extra_len)
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+            elif version == (2, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+            else:
+                raise ValueError(f"{info.filename}: .npy version {version}")
+            if dtype.hasobject or fortran:
+                raise ValueError(f"{info.filename}: not a plain C-ordered array")
+            count = math.prod(shape)
+            a = np.fromfile(f, dtype=dtype, count=count)
+            if a.size != count:
+                raise ValueError(f"{info.filename}: ends early")
+            arrays[info.filename[:-4]] = a.reshape(shape)
+    return arrays
