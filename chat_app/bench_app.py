@@ -9,7 +9,8 @@ does the same work. The runs (`--runs`, in this order):
 
     core      the engine core (its own process) through its client, with no app
     app-core  the real app through that client
-    engine    the in-process engine thread with no app: the reference
+    engine    the in-process engine thread with no app: the reference (every core, as
+              `tinychat generate` runs it; the core runs get the app's thread count)
     app       the real app on the in-process engine thread
 
 and, on request only, the app's own cost with no model and no GPU (chat_app/bench_synthetic.py):
@@ -279,11 +280,15 @@ def bench_engine(
 
 
 def core_client(args: argparse.Namespace) -> EngineThread:
-    """An engine-core client (it spawns the core, which loads the model the arguments name)."""
+    """An engine-core client (it spawns the core, which loads the model the arguments name),
+    configured as the app configures its own: on the cpu, every core but the UI's."""
+    from chat_app.launch import app_cpu_threads
     from gpu.engine_core import EngineCoreClient
 
     progress = getattr(args, "progress", None)  # the command line's bar
-    client = EngineCoreClient(args.model, args.device, engine_config(args), progress=progress)
+    config = engine_config(args)
+    config.cpu_threads = app_cpu_threads()
+    client = EngineCoreClient(args.model, args.device, config, progress=progress)
     if hasattr(progress, "finish"):
         progress.finish()
     return client

@@ -92,6 +92,14 @@ def settings_from_args(args: argparse.Namespace) -> ChatSettings:
     return settings
 
 
+def app_cpu_threads() -> int:
+    """Threads of the app's engine on the cpu: every usable core but the UI's (`bench app`
+    runs the app's engine with the same count)."""
+    from gpu.backends.cpu_threads import resolve_threads
+
+    return resolve_threads(None, reserve=1)
+
+
 def engine_factory(
     model: str | None,
     device: str,
@@ -110,11 +118,9 @@ def engine_factory(
     process, as `tinychat --no-engine-process` asks (`tinychat bench app` compares the two).
     log_path: where the core's own output goes (the app owns the terminal)."""
     from gpu import EngineConfig  # imported here: the UI opens before the engine's imports finish
-    from gpu.backends.cpu_threads import resolve_threads
 
     options = {} if max_model_len is None else {"max_model_len": max_model_len}
-    # On the cpu the engine's products leave the UI a core; precision: --precision.
-    options.update(precision=precision, cpu_threads=resolve_threads(None, reserve=1))
+    options.update(precision=precision, cpu_threads=app_cpu_threads())
     if engine_process:
         from gpu.engine_core import EngineCoreClient
 
