@@ -369,7 +369,9 @@ def _block_sums(x, nb, half):  # pragma: no cover - compiled
     xp = x
     if k != nb * qk:  # the last block's missing elements meet zeros
         xp = np.zeros((t_count, nb * qk), np.float32)
-        xp[:, :k] = x
+        for t in range(t_count):  # loops: a slice assignment took 4 s to compile
+            for j in range(k):
+                xp[t, j] = x[t, j]
     xs = np.zeros((t_count, nb), np.float32)
     for t in range(t_count):
         for b in range(nb):
