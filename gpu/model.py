@@ -8,7 +8,9 @@ Each "+" is one backend op: the ops around a matrix product are fused into it (R
 it, the residual add or SiLU after it), because a decode step is a chain of small launches and
 each one that disappears is time saved. The cuda backend runs them as single kernels for decode
 steps (gpu/kernels/gemv.py) and as their compositions (gpu/backends/base.py: ComposedOps) for
-prefill; the cpu backend always runs the compositions.
+prefill; the cpu backend always runs the compositions. A backend may also take a whole decode
+step in one call (`decode_forward`): the CPU's q8 path runs it as one parallel region, because
+waking its threads for each of a step's 151 ops cost a fifth of the step.
 
 Every intermediate lives in a buffer allocated once for the largest step (`max_num_tokens`
 query tokens, `max_num_seqs` sampled rows); a step uses the first rows of each. With no
@@ -72,6 +74,9 @@ class LlamaModel:
         gate_up, mlp_act = self.gate_up[:t], self.mlp_act[:t]
 
         ops.embed(batch.input_ids, w.embed_tokens, residual, batch.prev_rows, batch.sampled_prev)
+        logits = self.logits[:num_logits]
+        if batch.max_query_len == 1 and ops.decode_forward(self, batch, logits):
+            return logits
         for i, layer in enumerate(w.layers):
             k_cache, v_cache = self.kv_caches[i]
             ops.rmsnorm_qkv_rope(
@@ -92,7 +97,6 @@ class LlamaModel:
 
         # Only the rows that are sampled go through the final norm and the LM head. In a
         # decode step every row is sampled, in order (logits_indices = 0, 1, ...): no gather.
-        logits = self.logits[:num_logits]
         if batch.max_query_len == 1 and num_logits == t:
             rows = residual
         else:

@@ -200,6 +200,10 @@ class Backend(Protocol):
     def sample(self, logits: Array, metadata: SamplingMetadata) -> np.ndarray:
         """One token id per row of logits [S, V]; returns a host int32 array."""
 
+    def decode_forward(self, model: ForwardModel, batch: ForwardBatch, logits: Array) -> bool:
+        """A decode step after embed, every layer and the LM head in one call, into logits;
+        False where the backend has no such path (ComposedOps: the model runs the ops)."""
+
 
 class ComposedOps:
     """The fused ops of a layer as compositions of the basic ones.
@@ -227,3 +231,6 @@ class ComposedOps:
         self.rmsnorm(residual, norm_weight, eps, normed)
         self.linear(normed, w, gate_up)
         self.silu_mul(gate_up, out)
+
+    def decode_forward(self, model, batch, logits) -> bool:
+        return False

@@ -26,6 +26,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+import numba
 import numpy as np
 
 from gpu.backends.cpu import CpuBackend
@@ -33,11 +34,15 @@ from gpu.backends.cpu_threads import set_cpu_threads
 from gpu.kernels.cpu import elementwise as ew
 from gpu.kernels.cpu import quant_gemm as qg
 from gpu.kernels.cpu.attention import paged_attention
+from gpu.kernels.cpu.barrier import new_state
+from gpu.kernels.cpu.decode_step import decode_forward
 from weights.quant_cache import load_quantized, save_quantized
 
 log = logging.getLogger(__name__)
 PRECISIONS = ("q8", "q4")  # the quantized CPU paths (float32: the oracle, cpu.py)
 LAYOUT_VERSION = 4  # of the quantized arrays (quant_gemm.py): a change makes caches stale
+CHECK_IN_CYCLES = 2_000_000_000  # ~1 s: a fused step's threads that have not all come by then
+# were not given one share each (decode_step.py): the step runs op by op instead
 
 
 @dataclass
@@ -112,6 +117,8 @@ class CpuQuantBackend(CpuBackend):
         self._cache_folder: Path | None = None
         self._cached: dict[str, np.ndarray] | None = None
         self._made: list[QuantizedMatrix] = []  # the matrices of this load, in order
+        self._kv: tuple[np.ndarray, np.ndarray] | None = None  # every layer's caches, stacked
+        self._stacked: DecodeWeights | None = None
 
     def use_weight_cache(self, folder: Path) -> None:
         """Take the quantized matrices of the model in `folder` from its cache file if one
@@ -159,10 +166,9 @@ class CpuQuantBackend(CpuBackend):
         """Head-major blocks, [blocks, kv_heads, block_size, head_dim]: a KV head's rows of a
         block are contiguous (gpu/kernels/cpu/attention.py); only this backend's rope_kv_write
         and attention read or write them."""
-        shape = (num_blocks, num_kv_heads, block_size, head_dim)
-        return [
-            (np.zeros(shape, np.float32), np.zeros(shape, np.float32)) for _ in range(num_layers)
-        ]
+        shape = (num_layers, num_blocks, num_kv_heads, block_size, head_dim)
+        self._kv = (np.zeros(shape, np.float32), np.zeros(shape, np.float32))  # decode_forward's
+        return [(self._kv[0][i], self._kv[1][i]) for i in range(num_layers)]
 
     def _use_threads(self) -> None:
         """Numba's thread count is per calling thread: set it in the thread that runs steps
@@ -220,3 +226,73 @@ class CpuQuantBackend(CpuBackend):
             w.matmul(np.ascontiguousarray(x), residual, accumulate=True)
         else:
             super().linear_residual(x, w, residual, scratch)
+
+    def decode_forward(self, model, batch, logits: np.ndarray) -> bool:
+        """A q8 decode step's layers and LM head in one parallel region (decode_step.py): the
+        second thread wakes once a step instead of once a product. False (nothing done: the
+        model runs the ops one by one) for prefill, q4, or a model it cannot stack."""
+        t = batch.num_tokens
+        if self.precision != "q8" or batch.max_query_len != 1 or logits.shape[0] != t:
+            return False
+        stacked = self._decode_weights(model)
+        if stacked is None or self._kv is None or model.kv_caches[0][0].base is not self._kv[0]:
+            return False
+        qkv_w, o_w, gate_up_w, down_w = stacked.matrices
+        widths = [w[0].shape[2] for w in stacked.matrices] + [stacked.head.qs.shape[1]]
+        shares = self.threads
+        if numba.get_num_threads() != shares:  # prange(shares) would not be one share a thread
+            return False
+        h = model.residual.shape[1]
+        done = decode_forward(
+            shares, new_state(), CHECK_IN_CYCLES, model.residual[:t], stacked.input_norms,
+            stacked.post_norms, model.weights.norm, np.float32(model.eps), *qkv_w, *o_w,
+            *gate_up_w, *down_w, stacked.head.qs, stacked.head.d, *self._kv,
+            batch.positions, batch.slot_mapping, model.cos, model.sin,
+            batch.query_start_loc, batch.seq_lens, batch.block_tables, model.num_heads,
+            model.num_kv_heads, model.head_dim, np.float32(model.scale),
+            int(batch.max_seq_len), model.qkv[:t], model.attn_out[:t], model.gate_up[:t],
+            model.mlp_act[:t], logits, np.empty((shares, t, h), np.float32),
+            np.empty((shares, t, max(widths)), np.int16), np.empty((shares, t), np.float32),
+            qg.HAS_PMADDWD,
+        )  # fmt: skip
+        return bool(done)
+
+    def _decode_weights(self, model) -> DecodeWeights | None:
+        """The layers' matrices stacked [L, N, Kp] for decode_forward, made at its first call;
+        each layer's QuantizedMatrix then holds views of the stack (no second copy)."""
+        if self._stacked is not None and self._stacked.of is model.weights:
+            return self._stacked
+        layers = model.weights.layers
+        kinds = [[lw.qkv_proj, lw.o_proj, lw.gate_up_proj, lw.down_proj] for lw in layers]
+        head = model.weights.lm_head
+        every = [m for ms in kinds for m in ms] + [head]
+        if not all(isinstance(m, QuantizedMatrix) and m.fmt == "q8" for m in every):
+            return None
+        if layers[0].gate_up_proj.shape[0] % 4:  # gate's and up's rows must start even
+            return None
+        matrices = []
+        for j in range(4):
+            qs = np.stack([ms[j].qs for ms in kinds])
+            d = np.stack([ms[j].d for ms in kinds])
+            for i, ms in enumerate(kinds):
+                ms[j].qs, ms[j].d = qs[i], d[i]
+            matrices.append((qs, d))
+        self._stacked = DecodeWeights(
+            of=model.weights,
+            matrices=matrices,
+            input_norms=np.stack([lw.input_layernorm for lw in layers]),
+            post_norms=np.stack([lw.post_attention_layernorm for lw in layers]),
+            head=head,
+        )
+        return self._stacked
+
+
+@dataclass
+class DecodeWeights:
+    """decode_forward's view of the model's weights."""
+
+    of: object  # the LlamaWeights they are of
+    matrices: list[tuple[np.ndarray, np.ndarray]]  # qkv, o, gate_up, down: qs [L, N, Kp], d
+    input_norms: np.ndarray  # [L, H]
+    post_norms: np.ndarray
+    head: QuantizedMatrix

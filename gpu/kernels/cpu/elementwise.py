@@ -30,34 +30,55 @@ def rope_kv_write(
 ):  # pragma: no cover - compiled
     """Rotate-half RoPE on q and k of each row in place; k, v to their slots (slot < 0: none)
     in caches laid out [blocks, kv_heads, block_size, head_dim] (attention.py says why)."""
-    t_count = qkv.shape[0]
+    group = num_heads // num_kv_heads
+    for t in range(qkv.shape[0]):
+        for kvh in range(num_kv_heads):
+            rope_kv_head(
+                qkv, t, positions[t], cos, sin, k_cache, v_cache, slot_mapping[t], kvh,
+                group, num_heads, num_kv_heads, head_dim,
+            )  # fmt: skip
+
+
+@njit(fastmath=True, cache=True, nogil=True)
+def rope_kv_head(
+    qkv, t, p, cos, sin, k_cache, v_cache, slot, kvh, group, num_heads, num_kv_heads, head_dim
+):  # fmt: skip  # pragma: no cover - compiled
+    """rope_kv_write's share of KV head kvh in row t (at position p): its `group` query heads
+    and its k rotated, its k and v written to `slot`."""
     half = head_dim // 2
-    block_size = k_cache.shape[2]
     k_off = num_heads * head_dim
     v_off = k_off + num_kv_heads * head_dim
-    for t in range(t_count):
-        p = positions[t]
-        for h in range(num_heads + num_kv_heads):
-            o = h * head_dim
-            for i in range(half):
-                x1, x2 = qkv[t, o + i], qkv[t, o + half + i]
-                c, s = cos[p, i], sin[p, i]
-                qkv[t, o + i] = x1 * c - x2 * s
-                qkv[t, o + half + i] = x2 * c + x1 * s
-        slot = slot_mapping[t]
-        if slot < 0:
-            continue
-        blk, off = slot // block_size, slot % block_size
-        for h in range(num_kv_heads):
-            for i in range(head_dim):
-                k_cache[blk, h, off, i] = qkv[t, k_off + h * head_dim + i]
-                v_cache[blk, h, off, i] = qkv[t, v_off + h * head_dim + i]
+    for h in range(kvh * group, (kvh + 1) * group):
+        _rotate(qkv, t, h * head_dim, p, cos, sin, half)
+    _rotate(qkv, t, k_off + kvh * head_dim, p, cos, sin, half)
+    if slot < 0:
+        return
+    block_size = k_cache.shape[2]
+    blk, off = slot // block_size, slot % block_size
+    for i in range(head_dim):
+        k_cache[blk, kvh, off, i] = qkv[t, k_off + kvh * head_dim + i]
+        v_cache[blk, kvh, off, i] = qkv[t, v_off + kvh * head_dim + i]
+
+
+@njit(fastmath=True, cache=True, nogil=True)
+def _rotate(qkv, t, o, p, cos, sin, half):  # pragma: no cover - compiled
+    for i in range(half):
+        x1, x2 = qkv[t, o + i], qkv[t, o + half + i]
+        c, s = cos[p, i], sin[p, i]
+        qkv[t, o + i] = x1 * c - x2 * s
+        qkv[t, o + half + i] = x2 * c + x1 * s
 
 
 @njit(fastmath=True, cache=True, nogil=True)
 def silu_mul(gate_up, out):  # pragma: no cover - compiled
-    t_count, inter = out.shape
-    for t in range(t_count):
-        for i in range(inter):
+    silu_mul_columns(gate_up, out, 0, out.shape[1])
+
+
+@njit(fastmath=True, cache=True, nogil=True)
+def silu_mul_columns(gate_up, out, lo, hi):  # pragma: no cover - compiled
+    """out[:, lo:hi] of silu_mul (gate_up [T, 2I] = [gate | up], out [T, I])."""
+    inter = out.shape[1]
+    for t in range(out.shape[0]):
+        for i in range(lo, hi):
             g = gate_up[t, i]
             out[t, i] = g / (np.float32(1.0) + np.exp(-g)) * gate_up[t, inter + i]

@@ -181,38 +181,58 @@ def _prefetch_rows(flat, start, stop):  # pragma: no cover - compiled
         prefetch(flat, stop - 1)
 
 
+@njit(fastmath=True, cache=True, nogil=True)
+def q8_float_rows(x, qs, d, out, lo, hi, accumulate):  # pragma: no cover - compiled
+    """Rows lo..hi - 1 (lo even) of gemm_q8_float's product, on the calling thread."""
+    n_rows = out.shape[1]
+    k = qs.shape[1]
+    flat = qs.reshape(-1)
+    for n in range(lo, hi, 2):
+        _prefetch_rows(flat, (n + 2) * k, (n + 4) * k)
+        both = n + 1 < n_rows
+        _row_pair_dots(qs[n], qs[n + 1], d[n], d[n + 1], x, out, n, both, accumulate)
+
+
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def gemm_q8_float(x, qs, d, out, accumulate):  # pragma: no cover - compiled
     """out[t, n] (+)= x[t] . dequantize_q8(qs, d)[n] for x [T, K] float32 and n < out.shape[1]
     (qs may hold one zero pad row more, and zero pad columns: quantize_q8)."""
     n_rows = out.shape[1]
-    k = qs.shape[1]
-    flat = qs.reshape(-1)
     tasks = (n_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK
     for task in prange(tasks):
-        for n in range(task * ROWS_PER_TASK, min(n_rows, (task + 1) * ROWS_PER_TASK), 2):
-            _prefetch_rows(flat, (n + 2) * k, (n + 4) * k)
-            both = n + 1 < n_rows
-            _row_pair_dots(qs[n], qs[n + 1], d[n], d[n + 1], x, out, n, both, accumulate)
+        lo = task * ROWS_PER_TASK
+        q8_float_rows(x, qs, d, out, lo, min(n_rows, lo + ROWS_PER_TASK), accumulate)
 
 
 @njit(cache=True, nogil=True)
-def _int16_activations(x, kp):  # pragma: no cover - compiled
-    """xq int16 [T, kp] (zero-padded) and the scales sx [T]: x[t] ~ sx[t] * xq[t], rounded
-    as int16_activations rounds (IEEE arithmetic: no fastmath). Serial, apart from the
-    parallel product (there np.zeros would be a parallel loop of its own)."""
+def int16_round(x, xq, sx):  # pragma: no cover - compiled
+    """x [T, K] -> xq int16 [T, >= K] (zeros past K) and the scales sx [T]: x[t] ~ sx[t] *
+    xq[t], rounded as int16_activations rounds (IEEE arithmetic: no fastmath)."""
     t_count, k = x.shape
-    xq = np.zeros((t_count, kp), np.int16)
-    sx = np.zeros(t_count, np.float32)
     for t in range(t_count):
         amax = np.float32(0.0)
         for j in range(k):
             amax = max(amax, abs(x[t, j]))
+        sx[t] = np.float32(0.0)
         if amax > 0:
             sx[t] = amax / np.float32(32767.0)
             inv = np.float32(1.0) / sx[t]
             for j in range(k):
                 xq[t, j] = np.int16(np.rint(x[t, j] * inv))
+        else:
+            for j in range(k):
+                xq[t, j] = 0
+        for j in range(k, xq.shape[1]):
+            xq[t, j] = 0
+
+
+@njit(cache=True, nogil=True)
+def _int16_activations(x, kp):  # pragma: no cover - compiled
+    """int16_round into new arrays of kp columns. Serial, apart from the parallel product
+    (there np.empty would be a parallel loop of its own)."""
+    xq = np.empty((x.shape[0], kp), np.int16)
+    sx = np.empty(x.shape[0], np.float32)
+    int16_round(x, xq, sx)
     return xq, sx
 
 
@@ -272,18 +292,27 @@ def _int16_pair_dots(qs, d, xq, sx, out, n, both, accumulate):  # pragma: no cov
             _put(out, t, n + 1, b0 * s1 * sx[t], accumulate)
 
 
+@njit(fastmath=True, cache=True, nogil=True)
+def q8_int16_rows(xq, sx, qs, d, out, lo, hi, accumulate):  # pragma: no cover - compiled
+    """Rows lo..hi - 1 (lo even) of gemm_q8_int16's product on the rounded activations
+    (int16_round), on the calling thread."""
+    n_rows = out.shape[1]
+    k = qs.shape[1]
+    flat = qs.reshape(-1)
+    for n in range(lo, hi, 2):
+        _prefetch_rows(flat, (n + 2) * k, (n + 4) * k)
+        _int16_pair_dots(qs, d, xq, sx, out, n, n + 1 < n_rows, accumulate)
+
+
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def gemm_q8_int16(x, qs, d, out, accumulate):  # pragma: no cover - compiled
     """gemm_q8_float's product on int16_activations(x): exact integer dots (AVX2 only)."""
     n_rows = out.shape[1]
-    k = qs.shape[1]
-    xq, sx = _int16_activations(x, k)
-    flat = qs.reshape(-1)
+    xq, sx = _int16_activations(x, qs.shape[1])
     tasks = (n_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK
     for task in prange(tasks):
-        for n in range(task * ROWS_PER_TASK, min(n_rows, (task + 1) * ROWS_PER_TASK), 2):
-            _prefetch_rows(flat, (n + 2) * k, (n + 4) * k)
-            _int16_pair_dots(qs, d, xq, sx, out, n, n + 1 < n_rows, accumulate)
+        lo = task * ROWS_PER_TASK
+        q8_int16_rows(xq, sx, qs, d, out, lo, min(n_rows, lo + ROWS_PER_TASK), accumulate)
 
 
 # out[t, n] (+)= x[t] . dequantize_q8(qs, d)[n]: the integer product where the CPU has it.
