@@ -79,7 +79,7 @@ def build_engine(
     )
     precompile = getattr(executor, "precompile", None)
     if precompile is not None and precompile(progress) is not None:  # None: nothing compiles
-        report(progress, "warming up", 0, 0)
+        report(progress, getattr(executor, "warm_up_stage", "warming up"), 0, 0)
         warm_up_request(engine)
     return engine
 

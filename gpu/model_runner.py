@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -70,6 +70,15 @@ class EagerExecutor:
 
     def execute(self, batch: ForwardBatch, metadata: SamplingMetadata) -> np.ndarray:
         return self.launch(batch, metadata).result()
+
+    warm_up_stage = "warming up (kernels compile on a first start)"  # the loader's label
+
+    def precompile(self, progress: Any = None) -> bool | None:
+        """A backend whose kernels Numba compiles on first use (`jit_kernels`: the cpu's
+        quantized path, ~30 s on a first start, then loaded from the cache in ~0.4 s) asks for
+        the loader's warm-up request, so that they compile before the engine reports ready,
+        not inside the first reply. None: nothing compiles (the numpy oracle)."""
+        return True if getattr(self.backend, "jit_kernels", False) else None
 
 
 def build_forward_batch(

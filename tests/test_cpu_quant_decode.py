@@ -9,18 +9,23 @@ step of max|x| / 32767. ATOL allows that through three layers; a wrong row or a 
 
 from __future__ import annotations
 
+import gc
 import threading
 
 import numba
 import numpy as np
 import pytest
 from engine_helpers import tiny_config
+from numba.core.registry import CPUDispatcher
 
 from gpu.backends.cpu_quant import CpuQuantBackend
+from gpu.config import EngineConfig
 from gpu.forward_batch import ForwardBatch
 from gpu.kernels.cpu.barrier import barrier_wait, check_in, new_state
+from gpu.loader import build_engine
 from gpu.model import LlamaModel
 from gpu.model_weights import load_llama_weights, random_hf_tensors
+from gpu.sampling_presets import chat_sampling_params
 
 BLOCK = 16
 ATOL = 1e-3  # logits of order 1 (measured: 0 with a warm cache, 9e-5 with a cold one)
@@ -105,6 +110,33 @@ def test_a_thread_count_other_than_the_shares_runs_op_by_op():
     finally:
         numba.set_num_threads(2)
     assert model.backend.decode_forward(model, step, model.logits[:1])
+
+
+def _overloads() -> int:
+    """Compiled (or cache-loaded) signatures of every live Numba CPU function."""
+    return sum(len(f.overloads) for f in gc.get_objects() if isinstance(f, CPUDispatcher))
+
+
+def test_the_engine_compiles_every_kernel_before_it_is_ready():
+    """build_engine's warm-up runs the quantized path's kernels (a first start compiles them
+    there, with the loader's progress line), so a reply with the app's sampling, prefill and
+    decode steps both, compiles nothing."""
+    config = tiny_config(tie_word_embeddings=True)
+    tensors = random_hf_tensors(config, seed=3, std=0.1)
+    backend = CpuQuantBackend("q8", numba.get_num_threads())
+    stages = []
+    engine = build_engine(
+        config, tensors.__getitem__, backend, EngineConfig(num_kv_blocks=64),
+        progress=lambda stage, done, total: stages.append(stage),
+    )  # fmt: skip
+    assert any(stage.startswith("warming up") for stage in stages)
+    before = _overloads()
+    params = chat_sampling_params(max_tokens=6, seed=1, ignore_eos=True)
+    engine.add_request(list(range(3, 40)), params)
+    engine.add_request(list(range(7, 20)), params)
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert _overloads() == before
 
 
 @numba.njit(nogil=True)

@@ -112,6 +112,7 @@ class CpuQuantBackend(CpuBackend):
     twin's full-row sort and noise (numpy_sampler's `fast`): the same draws."""
 
     fast_sampling = True
+    jit_kernels = True  # Numba kernels: the loader's warm-up compiles them (model_runner.py)
     # Weights come as stored (bf16 bits of a bf16 checkpoint), upcast only when quantized: a
     # load from the cache reads no matrix of the model folder but the merged ones.
     weight_format = "stored"
