@@ -26,7 +26,7 @@ class EngineConfig:
     # blocks through Numba kernels; None: the device's default (cpu: "q8"). cuda: bf16, always.
     precision: str | None = None
     # Threads of the cpu backend's products; None: every core the process may use (the app
-    # leaves its UI one: chat_app passes usable cores - 1).
+    # leaves its UI one where there are more than two: chat_app.launch.app_cpu_threads).
     cpu_threads: int | None = None
 
     def __post_init__(self) -> None:

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from chat_app.launch import add_app_arguments, run_app, settings_from_args
+from chat_app.launch import add_app_arguments, app_cpu_threads, run_app, settings_from_args
 from chat_app.session import ChatSettings
 from chat_app.terminal_keys import read_escape_digit_as_alt
 
@@ -84,3 +84,13 @@ def test_an_app_that_crashes_exits_with_status_1(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(TinyChatApp, "on_mount", crash)
     monkeypatch.setattr(TinyChatApp, "run", lambda self: App.run(self, headless=True))
     assert run_app(parse()) == 1
+
+
+@pytest.mark.parametrize(("cores", "threads"), [(1, 1), (2, 2), (3, 2), (8, 7)])
+def test_the_app_engine_leaves_the_ui_a_core_above_two(monkeypatch, cores, threads):
+    import gpu.backends.cpu_threads as cpu_threads
+
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(cpu_threads, "usable_cpus", lambda: cores)
+    assert app_cpu_threads() == threads
