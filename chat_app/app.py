@@ -11,9 +11,11 @@ sends comes back through one OutputBridge, drained at most once per frame.
 from __future__ import annotations
 
 import asyncio
+import queue
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 from textual.app import App, SystemCommand
@@ -31,6 +33,7 @@ from chat_app.history import HistoryStore
 from chat_app.paths import screenshots_path
 from chat_app.session import ChatSession, ChatSettings
 from chat_app.settings_screen import SettingsScreen
+from chat_app.ui_priority import yield_cores_to_a_cpu_engine
 from chat_app.widgets.chat_input import ChatInput
 from chat_app.widgets.chat_pane import ChatPane
 
@@ -38,7 +41,7 @@ __all__ = ["TinyChatApp"]
 
 
 class EngineLoaded(Message):
-    """The loader thread built the engine thread (not started yet: the app starts it)."""
+    """The loader thread built the engine thread and started it."""
 
     def __init__(self, thread: EngineThread) -> None:
         super().__init__()
@@ -80,9 +83,15 @@ class TinyChatApp(App[int]):
         screenshot_dir: Path | None = None,
         stats_interval: float = 0.5,
         fps: float = DEFAULT_FPS,
+        yield_to_cpu_engine: bool = False,
     ) -> None:
+        """yield_to_cpu_engine: the UI thread lowers its priority for good once an engine on
+        the CPU is loaded (chat_app/ui_priority.py): for the thread that runs the app to its
+        end, as `tinychat` and `tinychat bench app` do, not for a test runner's."""
         super().__init__()
+        self._yield_to_cpu_engine = yield_to_cpu_engine
         self._engine_factory = engine_factory
+        self._loads: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()  # the loader's
         self.store = store
         self.defaults = defaults or ChatSettings()
         self.keymap = dict(keymap or {})
@@ -155,16 +164,22 @@ class TinyChatApp(App[int]):
         else:
             # A daemon thread rather than a @work(thread=True) worker: Textual's workers run
             # in an executor that Python joins at exit, so quitting during a long load (CUDA
-            # kernels compiling, say) would hang until the load finished.
-            loader = threading.Thread(
-                target=self._load_engine, args=(self._engine_factory,), daemon=True
-            )
-            loader.start()
+            # kernels compiling, say) would hang until the load finished. One thread for every
+            # load, started here: engines started from it keep the default priority when the
+            # UI thread has given its own up (chat_app/ui_priority.py).
+            threading.Thread(target=self._loader, daemon=True, name="tinychat-loader").start()
+            self._loads.put(partial(self._load_engine, self._engine_factory))
+
+    def _loader(self) -> None:
+        while True:
+            self._loads.get()()
 
     def _load_engine(self, factory: EngineFactory) -> None:
-        """Build the engine off the UI thread; report back with a message either way."""
+        """Build the engine and start it (on the loader thread); report back with a message
+        either way."""
         try:
             thread = factory()
+            thread.start()
         except Exception as error:  # whatever went wrong, the user must be told
             self.post_message(EngineFailed(f"{type(error).__name__}: {error}"))
         else:
@@ -183,11 +198,14 @@ class TinyChatApp(App[int]):
                 old.shutdown()
             self._load_engine(factory)
 
-        threading.Thread(target=reload, daemon=True).start()
+        self._loads.put(reload)
 
     async def on_engine_loaded(self, message: EngineLoaded) -> None:
         self.client.attach(message.thread)
-        self.bridge.pace_for(message.thread.engine.device)
+        device = message.thread.engine.device
+        self.bridge.pace_for(device)
+        if self._yield_to_cpu_engine:
+            yield_cores_to_a_cpu_engine(device)
         tune_gc_for_frames()  # start-up is over: its heap is frozen (chat_app/gc_tuning.py)
         await self.chat_screen.engine_ready()
 

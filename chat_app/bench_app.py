@@ -187,8 +187,24 @@ def run_engine_alone(work: FixedWork, tabs: int, run: str) -> RunResult:
 
 def run_app(work: FixedWork, tabs: int, run: str) -> RunResult:
     """The real app, headless, on `work` (stopped when the app quits), `tabs` tabs sending at
-    once; tokens are timed at each pane."""
-    return asyncio.run(_run_app(work, tabs, run))
+    once; tokens are timed at each pane. The app runs on a thread of its own, as on a
+    terminal it has one to itself: its UI thread gives a CPU engine the cores first
+    (chat_app/ui_priority.py), for good, and the runs after it must not inherit that."""
+    results: list[RunResult] = []
+    errors: list[BaseException] = []
+
+    def main() -> None:
+        try:
+            results.append(asyncio.run(_run_app(work, tabs, run)))
+        except BaseException as error:  # re-raised on the caller's thread
+            errors.append(error)
+
+    ui = threading.Thread(target=main, name="tinychat-bench-ui")
+    ui.start()
+    ui.join()
+    if errors:
+        raise errors[0]
+    return results[0]
 
 
 async def _run_app(work: FixedWork, tabs: int, run: str) -> RunResult:
@@ -206,6 +222,7 @@ async def _run_app(work: FixedWork, tabs: int, run: str) -> RunResult:
             defaults=ChatSettings(max_tokens=work.max_tokens),
             fresh=True,
             export_dir=Path(home) / "exports",
+            yield_to_cpu_engine=True,
         )
         try:
             async with app.run_test(size=SIZE) as pilot:

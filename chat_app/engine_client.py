@@ -82,8 +82,7 @@ class EngineClient:
         return thread
 
     def attach(self, thread: EngineThread) -> None:
-        """Take a freshly built engine thread and start it."""
-        thread.start()
+        """Take a freshly built engine thread (started by the app's loader thread)."""
         self.thread = thread
 
     def fail(self, message: str) -> None:

@@ -213,6 +213,7 @@ def run_app(args: argparse.Namespace) -> int:
         defaults=defaults,
         fresh=args.fresh,
         resume=args.resume,
+        yield_to_cpu_engine=True,
         keymap=keymap,
         notices=[keymap_error] if keymap_error else [],
     )
