@@ -9,6 +9,10 @@ where programmatic dependent launch overlapped them), and the step's span. Write
 $OUT/trace_<config>_b<batch>.json.
 
     python3 tests/device/trace_step.py --config llama-3.2-1b --batch 1 8 64
+    python3 tests/device/trace_step.py --batch 256 --sampling top-k   # a sampled step's graph
+
+--sampling names a setting of gpu.bench.sampling (greedy by default): a sampled decode step
+replays the bucket's non-greedy graph, whose sampler rows are the last step's.
 """
 
 from __future__ import annotations
@@ -96,6 +100,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, nargs="+", default=[1])
     p.add_argument("--prompt", type=int, default=96)
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--sampling", default="greedy", help="a setting of gpu.bench.sampling")
     args = p.parse_args()
     config = preset_config(args.config)
     tensors = random_hf_tensors(config, seed=0)
@@ -107,15 +112,19 @@ def main() -> None:
     for batch in args.batch:
         # 16 new tokens: at batch 256 the prompts take several mixed steps, and the first
         # sequences would finish before a pure decode step of all 256 (no graph to trace).
-        decode_run(engine, batch, args.prompt, 16)
-        graph = executor.graphs[("decode", bucket_for(batch, executor.buckets), True)]
+        decode_run(engine, batch, args.prompt, 16, args.sampling)
+        greedy = args.sampling == "greedy"
+        graph = executor.graphs[("decode", bucket_for(batch, executor.buckets), greedy)]
         result = summarise(trace(graph, args.reps))
         pdl = int(pays_to_overlap(batch))
-        result.update(config=args.config, batch=batch, pdl=pdl, context=args.prompt + 16)
-        with open(os.path.join(out, f"trace_{args.config}_b{batch}_pdl{pdl}.json"), "w") as f:
+        result.update(config=args.config, batch=batch, pdl=pdl, context=args.prompt + 16,
+                      sampling=args.sampling)  # fmt: skip
+        name = f"trace_{args.config}_b{batch}_pdl{pdl}_{args.sampling}.json"
+        with open(os.path.join(out, name), "w") as f:
             json.dump(result, f, indent=1)
         print(
-            f"{args.config} batch {batch} PDL {pdl}: {result['kernels']} kernels, span"
+            f"{args.config} batch {batch} {args.sampling} PDL {pdl}: {result['kernels']} kernels,"
+            f" span"
             f" {result['span_us']:.1f} us, busy {result['busy_us']:.1f},"
             f" gaps {result['gap_us']:.1f}"
         )
