@@ -6,8 +6,8 @@ Builds an engine on a preset config with random bf16 weights (no download), then
 and setting adds `batch` requests of a 32-token prompt and 512 new tokens (ignore_eos, seeded)
 and times the loop of engine.step() from the step that gave every request its first token to
 the last. It uses only the public engine API that every version of the tree has (build_engine,
-add_request, step), so
-tests/device/ab_trees.sh can run it on the code before a change and after it in one call.
+add_request, step), so tests/device/ab_trees.sh can run it on the code before a change and
+after it in one call.
 Prints one line per (batch, setting) with its ratio to greedy, and writes JSON to
 $OUT/sampling_table_<config>.json.
 """
