@@ -53,8 +53,8 @@ class OpenAIServingCompletion(OpenAIServing):
             ids = list(engine.tokenizer.encode(prompt, add_special_tokens=True))
         else:
             ids = list(prompt)
-            vocab = getattr(engine, "vocab_size", None)
-            if vocab is not None and any(t < 0 or t >= vocab for t in ids):
+            vocab = getattr(engine, "vocab_size", None)  # 0 or None: not known
+            if vocab and any(t < 0 or t >= vocab for t in ids):
                 raise OpenAIError(f"Token ids must be in [0, {vocab}).", param="prompt")
         if not ids:
             raise OpenAIError("The prompt is empty.", param="prompt")
