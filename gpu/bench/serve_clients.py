@@ -83,12 +83,14 @@ async def run_clients(spec: dict[str, Any]) -> dict[str, Any]:
     async with httpx.AsyncClient(headers=headers, limits=limits, timeout=None) as client:
         t0 = spec.get("start_at") or time.monotonic()
         await asyncio.sleep(max(0.0, t0 - time.monotonic()))
+        cpu = time.process_time()
         results = await asyncio.gather(*(_one(client, spec["url"], r) for r in requests))
         t1 = time.monotonic()
+        cpu = time.process_time() - cpu
     for r in results:  # times relative to the start of the run
         r["start"] -= t0
         r["times"] = [t - t0 for t in r["times"]]
-    return {"wall_s": t1 - t0, "results": results}
+    return {"wall_s": t1 - t0, "cpu_s": cpu, "results": results}
 
 
 def main(argv: list[str] | None = None) -> int:
