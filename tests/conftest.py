@@ -28,6 +28,18 @@ from pathlib import Path
 
 import pytest
 
+# --- the GIL switch interval in the CUDA simulator -------------------------------------------
+# In the simulator every CUDA thread is a Python thread, and the block's manager polls them
+# without ever blocking: a thread that returns from syncthreads() waits for the manager to
+# yield the GIL, i.e. a full switch interval. At Python's default 5 ms most of a kernel's time
+# was that wait: rmsnorm over [8, 64] took 1.3-1.8 s at 5 ms, 0.27-0.55 s at 0.5-0.2 ms, 0.38-
+# 0.75 s at 0.05-0.01 ms; test_top_k_edges[8192] 21-22 s at 5 ms, 12-17 s at 0.5 ms; the
+# simulated cuda executor test 163-175 s against 94-105 s (2-core host, loaded). Each test
+# starts at this value (the fixture below puts it back after each test).
+SIMULATOR_SWITCH_INTERVAL_S = 0.0005
+if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+    sys.setswitchinterval(SIMULATOR_SWITCH_INTERVAL_S)
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked `gpu` (whole-model graph replays and the like, too slow or meaningless in
