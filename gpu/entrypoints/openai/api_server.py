@@ -39,7 +39,7 @@ from gpu.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
 from gpu.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
 from gpu.entrypoints.openai.serving_chat import OpenAIServingChat
 from gpu.entrypoints.openai.serving_completion import OpenAIServingCompletion
-from gpu.entrypoints.openai.sse_response import EventStreamResponse
+from gpu.entrypoints.openai.sse_response import RAW_SEND, EventStreamResponse
 
 log = logging.getLogger(__name__)
 GRACEFUL_SHUTDOWN_S = 5
@@ -158,7 +158,7 @@ def build_app(client: Any, api_key: str | None = None) -> Starlette:
         ),
         Route("/v1/completions", endpoint("completion", CompletionRequest), methods=["POST"]),
     ]
-    app = Starlette(
+    app = _App(
         routes=routes,
         lifespan=lifespan,
         exception_handlers={
@@ -171,6 +171,17 @@ def build_app(client: Any, api_key: str | None = None) -> Starlette:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     app.state.serving = state
     return app
+
+
+class _App(Starlette):
+    """Starlette, with the server's own `send` left in the scope for the event streams'
+    body writes (sse_response.py): through Starlette's two error middlewares each write was
+    two more calls, one event per stream per engine step. The response's start still goes
+    through them, so they know it has started."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope[RAW_SEND] = send
+        await super().__call__(scope, receive, send)
 
 
 async def _unless_disconnected(request: Request, reply: Coroutine[Any, Any, Any]) -> Any:

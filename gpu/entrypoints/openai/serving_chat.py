@@ -129,9 +129,10 @@ class OpenAIServingChat(OpenAIServing):
             yield sse({**head, "choices": [role]})
         timer = RequestTimer(self.metrics, usage, len(prompt_ids))
         try:
-            stream = self.engine.generate(prompt_ids, params, request_id)
-            async with aclosing(stream):
-                async for batch in stream:
+            stream = self.engine.open(prompt_ids, params, request_id)
+            try:
+                while True:
+                    batch = await stream.take()
                     timer.count(batch)
                     text, ids = batch_delta(batch)
                     final = batch[-1]
@@ -158,6 +159,8 @@ class OpenAIServingChat(OpenAIServing):
                     events.append(SSE_DONE)
                     yield b"".join(events)
                     return
+            finally:
+                self.engine.close(request_id)
         finally:
             timer.finish()
 

@@ -125,9 +125,10 @@ class OpenAIServingCompletion(OpenAIServing):
         usage = Usage()
         timer = RequestTimer(self.metrics, usage, len(prompt_ids))
         try:
-            stream = self.engine.generate(prompt_ids, params, request_id)
-            async with aclosing(stream):
-                async for batch in stream:
+            stream = self.engine.open(prompt_ids, params, request_id)
+            try:
+                while True:
+                    batch = await stream.take()
                     timer.count(batch)
                     text, ids = batch_delta(batch)
                     final = batch[-1]
@@ -162,5 +163,7 @@ class OpenAIServingCompletion(OpenAIServing):
                         yield text_chunk(text, ids)
                     elif text:
                         yield text_chunk(text)
+            finally:
+                self.engine.close(request_id)
         finally:
             timer.finish()

@@ -22,6 +22,7 @@ _HEADERS = [
     (b"x-accel-buffering", b"no"),
 ]
 _END = {"type": "http.response.body", "body": b"", "more_body": False}
+RAW_SEND = "tinychat.send"  # the scope key of the server's own send (api_server.py's _App)
 
 
 class EventStreamResponse(Response):
@@ -49,12 +50,13 @@ class EventStreamResponse(Response):
 
         watcher = asyncio.get_running_loop().create_task(watch())
         events = self.events
+        write = scope.get(RAW_SEND, send)
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             async for chunk in events:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await write({"type": "http.response.body", "body": chunk, "more_body": True})
             state["streaming"] = False
-            await send(_END)
+            await write(_END)
         except asyncio.CancelledError:
             if not state["disconnected"]:
                 raise
