@@ -177,7 +177,9 @@ class _App(Starlette):
     """Starlette, with the server's own `send` left in the scope for the event streams'
     body writes (sse_response.py): through Starlette's two error middlewares each write was
     two more calls, one event per stream per engine step. The response's start still goes
-    through them, so they know it has started."""
+    through them, so they know it has started. With AsyncEngine.open (no async generator
+    between an endpoint and its stream), serve_synthetic --core's 64 streams: the loop's CPU
+    an event 24.7 (22.3-32.6) us against 39.2 (29.9-50.9), 5 runs alternating, load 2.3-3.0."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope[RAW_SEND] = send
