@@ -23,7 +23,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from typing import Any
 
 import uvicorn
@@ -72,24 +72,34 @@ class ApiKeyMiddleware:
 
 
 YOUNG_GC_THRESHOLD = 10_000
-_heap_frozen = False
+_gc_saved: list[tuple[int, int, int]] = []  # the thresholds before the first running server
 
 
-def freeze_startup_heap() -> None:
-    """The heap that start-up built (modules, the tokenizer, the app) collected once and
-    frozen, and a young collection every YOUNG_GC_THRESHOLD new objects instead of 700, as
-    vLLM's front end does: 64 streams make garbage fast, and with Python's defaults a run of
+@contextlib.contextmanager
+def frozen_heap() -> Iterator[None]:
+    """While a server runs: the heap that exists at its start frozen (no collection walks it
+    again), and a young collection every YOUNG_GC_THRESHOLD new objects instead of 700, as
+    vLLM's front end does. 64 streams make garbage fast: with Python's defaults a run of
     `serve_synthetic --core` (64 x 512 tokens) made ~110 young, ~10 middle and one full
-    collection of the ~60,000-object heap, 75-97 ms of the server process's time, the full
-    one alone a 35-77 ms pause; frozen, 2-6 young ones, 13-22 ms. Once per process."""
-    global _heap_frozen
-    if _heap_frozen:
-        return
-    _heap_frozen = True
-    young, middle, oldest = gc.get_threshold()
-    gc.set_threshold(max(YOUNG_GC_THRESHOLD, young), middle, oldest)
-    gc.collect()
-    gc.freeze()
+    collection of the ~60,000-object heap, 75-97 ms of the server process's time, the full one
+    alone a 35-77 ms pause; frozen, 2-6 young ones, 13-22 ms. When the last server of the
+    process stops, the heap is unfrozen and the thresholds restored (a process that starts
+    servers and goes on, as the tests do, keeps nothing frozen). `run_server` collects the
+    start-up's garbage first; here it would cost every server start a full collection."""
+    if not _gc_saved:
+        _gc_saved.append(gc.get_threshold())
+        young, middle, oldest = _gc_saved[0]
+        gc.set_threshold(max(YOUNG_GC_THRESHOLD, young), middle, oldest)
+        gc.freeze()
+    else:
+        _gc_saved.append(_gc_saved[0])
+    try:
+        yield
+    finally:
+        saved = _gc_saved.pop()
+        if not _gc_saved:
+            gc.unfreeze()
+            gc.set_threshold(*saved)
 
 
 def build_app(client: Any, api_key: str | None = None) -> Starlette:
@@ -100,12 +110,12 @@ def build_app(client: Any, api_key: str | None = None) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        freeze_startup_heap()
         engine = AsyncEngine(client)  # on the server's event loop
         state["chat"] = OpenAIServingChat(engine, model_name, metrics)
         state["completion"] = OpenAIServingCompletion(engine, model_name, metrics)
         state["engine"] = engine
-        yield
+        with frozen_heap():
+            yield
 
     async def health(request: Request) -> Response:
         alive = getattr(client, "is_alive", True)
@@ -289,6 +299,7 @@ def run_server(args: Any, progress: Any = None) -> int:
     if progress is not None and hasattr(progress, "finish"):
         progress.finish()
     client.start()
+    gc.collect()  # the load's garbage, before the server freezes the heap (frozen_heap)
     try:
         app = build_app(client, api_key=args.api_key)
         engine = client.engine

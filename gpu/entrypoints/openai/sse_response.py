@@ -6,7 +6,7 @@ scope, two anyio tasks, a cancellation that formats the task's repr): ~20% of th
 samples (py-spy --gil) while 64 streams were admitted at once. Here it is one asyncio task that
 waits for the disconnect and cancels the response's task; leaving the event stream early closes
 it, which aborts the request in the engine (async_engine.py). With the other admission changes
-beside it (api_server.freeze_startup_heap, AsyncEngine.new_request_id, the client's
+beside it (api_server.frozen_heap, AsyncEngine.new_request_id, the client's
 _core_params), `python -m gpu.bench.serve_synthetic --core` (64 streams, 2-core CPU, 6 runs
 alternating, load 4.3): the loop's CPU per admitted request 644 (586-879) us against 1204
 (825-1414), all 64 first tokens after 101 (78-232) ms against 183 (133-349).
