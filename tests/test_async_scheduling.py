@@ -340,10 +340,16 @@ def test_the_embedding_reads_tokens_in_flight_from_the_device():
 
 def test_the_cuda_executor_matches_serial_in_the_simulator():
     """The cuda backend (simulated): launch/result with events and alternating pinned outputs,
-    prev_rows staged and padded for the bucketed steps; async tokens equal serial ones."""
+    prev_rows staged and padded for the bucketed steps; async tokens equal serial ones.
+
+    The simulator's shapes (test_cuda_graphs' SMALL model: one layer, GQA 2) with a vocab of
+    130 (not a multiple of the sampler's blocks), and buffers for 4 sequences of 8 tokens: the
+    7-token prefill pads to the 8-token bucket (with the default 256 sequences the budget rose
+    to 256 tokens and the prefill ran 16 rows)."""
     from gpu.backends.cuda import CudaBackend
 
-    config = tiny_config(num_hidden_layers=1)
+    config = tiny_config(num_hidden_layers=1, hidden_size=32, intermediate_size=48,
+                         num_attention_heads=2, num_key_value_heads=1, vocab_size=130)  # fmt: skip
     tensors = {k: round_to_bf16(v) for k, v in random_hf_tensors(config, seed=3, std=0.1).items()}
     prompts = [[5, 17, 33, 2, 9], [11, 3]]
     params = [greedy(3), seeded(5, 3)]
@@ -353,11 +359,18 @@ def test_the_cuda_executor_matches_serial_in_the_simulator():
             config,
             tensors.__getitem__,
             CudaBackend(),
-            EngineConfig(max_num_batched_tokens=8, async_scheduling=async_scheduling),
+            EngineConfig(
+                max_num_batched_tokens=8,
+                max_num_seqs=4,
+                num_kv_blocks=16,
+                async_scheduling=async_scheduling,
+            ),
         )
+        assert engine.runner.executor.token_buckets == [8]
         spies.append(LaunchSpy(engine))
         results.append(run(engine, prompts, params))
     assert results[0] == results[1]
+    assert all(len(r[0]) == 3 for r in results[0].values())
     assert spies[1].in_flight_rows > 0 and spies[0].in_flight_rows == 0
 
 
