@@ -39,7 +39,7 @@ from gpu.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
 from gpu.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
 from gpu.entrypoints.openai.serving_chat import OpenAIServingChat
 from gpu.entrypoints.openai.serving_completion import OpenAIServingCompletion
-from gpu.entrypoints.openai.sse_response import RAW_SEND, EventStreamResponse
+from gpu.entrypoints.openai.sse_response import EventStreamResponse
 
 log = logging.getLogger(__name__)
 GRACEFUL_SHUTDOWN_S = 5
@@ -168,7 +168,7 @@ def build_app(client: Any, api_key: str | None = None) -> Starlette:
         ),
         Route("/v1/completions", endpoint("completion", CompletionRequest), methods=["POST"]),
     ]
-    app = _App(
+    app = Starlette(
         routes=routes,
         lifespan=lifespan,
         exception_handlers={
@@ -181,19 +181,6 @@ def build_app(client: Any, api_key: str | None = None) -> Starlette:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     app.state.serving = state
     return app
-
-
-class _App(Starlette):
-    """Starlette, with the server's own `send` left in the scope for the event streams'
-    body writes (sse_response.py): through Starlette's two error middlewares each write was
-    two more calls, one event per stream per engine step. The response's start still goes
-    through them, so they know it has started. With AsyncEngine.open (no async generator
-    between an endpoint and its stream), serve_synthetic --core's 64 streams: the loop's CPU
-    an event 24.7 (22.3-32.6) us against 39.2 (29.9-50.9), 5 runs alternating, load 2.3-3.0."""
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        scope[RAW_SEND] = send
-        await super().__call__(scope, receive, send)
 
 
 async def _unless_disconnected(request: Request, reply: Coroutine[Any, Any, Any]) -> Any:

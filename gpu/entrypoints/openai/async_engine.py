@@ -56,12 +56,11 @@ def build_engine_client(
 class RequestStream:
     """One request's outputs on the loop: those not yet taken, and the task waiting for them."""
 
-    __slots__ = ("outputs", "waiter", "finished")
+    __slots__ = ("outputs", "waiter")
 
     def __init__(self) -> None:
         self.outputs: list[RequestOutput] = []
         self.waiter: asyncio.Future[None] | None = None
-        self.finished = False  # the last batch taken ended with the finished output
 
     def put(self, output: RequestOutput) -> None:
         self.outputs.append(output)
@@ -77,7 +76,6 @@ class RequestStream:
             self.waiter = asyncio.get_running_loop().create_future()
             await self.waiter
         batch, self.outputs = self.outputs, []
-        self.finished = batch[-1].finished
         return batch
 
 
@@ -138,33 +136,20 @@ class AsyncEngine:
         a system call that handed the GIL to the receiver thread)."""
         return f"{prefix}-{self._id_base}{next(self._id_count):x}"
 
-    def open(self, prompt_ids: list[int], params: SamplingParams, request_id: str) -> RequestStream:
-        """Start the request; its outputs gather in the returned stream (`take` them) until
-        `close`. ValueError: the engine refused it. The streaming endpoints loop on `take`
-        themselves: an async generator between them and the stream cost each event a layer."""
-        stream = self._streams[request_id] = RequestStream()
-        try:
-            self.client.add_request(prompt_ids, params, self._on_output, request_id=request_id)
-        except BaseException:
-            del self._streams[request_id]
-            raise
-        return stream
-
-    def close(self, request_id: str) -> None:
-        """The request's consumer is done: a request that has not finished is aborted (its
-        client disconnected, or the task was cancelled)."""
-        stream = self._streams.pop(request_id)
-        if not stream.finished:
-            self.client.abort(request_id)
-
     async def generate(
         self, prompt_ids: list[int], params: SamplingParams, request_id: str
     ) -> AsyncIterator[list[RequestOutput]]:
         """The request's delta outputs, in batches of whatever arrived since the last one;
         the last batch ends with the finished output. ValueError: the engine refused it."""
-        stream = self.open(prompt_ids, params, request_id)
+        stream = self._streams[request_id] = RequestStream()
+        finished = False
         try:
-            while not stream.finished:
-                yield await stream.take()
+            self.client.add_request(prompt_ids, params, self._on_output, request_id=request_id)
+            while not finished:
+                batch = await stream.take()
+                finished = batch[-1].finished
+                yield batch
         finally:
-            self.close(request_id)
+            del self._streams[request_id]
+            if not finished:
+                self.client.abort(request_id)

@@ -129,10 +129,9 @@ class OpenAIServingChat(OpenAIServing):
             yield sse({**head, "choices": [role]})
         timer = RequestTimer(self.metrics, usage, len(prompt_ids))
         try:
-            stream = self.engine.open(prompt_ids, params, request_id)
-            try:
-                while True:
-                    batch = await stream.take()
+            stream = self.engine.generate(prompt_ids, params, request_id)
+            async with aclosing(stream):
+                async for batch in stream:
                     timer.count(batch)
                     text, ids = batch_delta(batch)
                     final = batch[-1]
@@ -159,8 +158,6 @@ class OpenAIServingChat(OpenAIServing):
                     events.append(SSE_DONE)
                     yield b"".join(events)
                     return
-            finally:
-                self.engine.close(request_id)
         finally:
             timer.finish()
 

@@ -125,10 +125,9 @@ class OpenAIServingCompletion(OpenAIServing):
         usage = Usage()
         timer = RequestTimer(self.metrics, usage, len(prompt_ids))
         try:
-            stream = self.engine.open(prompt_ids, params, request_id)
-            try:
-                while True:
-                    batch = await stream.take()
+            stream = self.engine.generate(prompt_ids, params, request_id)
+            async with aclosing(stream):
+                async for batch in stream:
                     timer.count(batch)
                     text, ids = batch_delta(batch)
                     final = batch[-1]
@@ -163,7 +162,5 @@ class OpenAIServingCompletion(OpenAIServing):
                         yield text_chunk(text, ids)
                     elif text:
                         yield text_chunk(text)
-            finally:
-                self.engine.close(request_id)
         finally:
             timer.finish()
