@@ -276,10 +276,10 @@ def _engine_run(client: Any, requests: list[dict[str, Any]]) -> dict[str, Any]:
     return {"wall_s": time.monotonic() - t0, "results": records}
 
 
-# An httpx client process spends 50-64 us of CPU an event (2-core CPU, 32 streams of a token
-# every 1.7 ms, 3 runs): 32 streams at an H100's pace (~590 events a second each) kept one
-# process busy ~1.0 CPU s/s, so the clients' parsing, not the server, set the gaps they timed.
-# At 8 a process, ~0.25.
+# An httpx client process spends 64-71 us of CPU an event (2-core CPU, 32 streams of a token
+# every 1.7 ms, 3 runs): 32 streams at an H100's pace (~590 events a second each) would need
+# ~1.2 CPU s/s of one process, so the clients' parsing, not the server, set the gaps and first
+# tokens they timed. At 8 a process, ~0.3.
 CLIENTS_PER_PROCESS = 8
 
 
