@@ -147,3 +147,17 @@ def real_tokenizer(folder: Path) -> Tokenizer:
     if folder not in _CACHE:
         _CACHE[folder] = Tokenizer.from_folder(folder)
     return _CACHE[folder]
+
+
+def _pieces(tok: Tokenizer, ids: list[int], skip: bool, rust: bool) -> list[str]:
+    detok = IncrementalDetokenizer(tok, skip_special_tokens=skip)
+    if not rust:
+        detok._stream = None  # the Python steps, as where tokenizers has no DecodeStream
+    return [detok.add(i) for i in ids] + [detok.flush()]
+
+
+@given(st.lists(st.integers(0, 258), max_size=60), st.booleans())
+def test_rust_stream_and_python_steps_give_the_same_pieces(ids: list[int], skip: bool) -> None:
+    for tok, top in ((BYTE_LEVEL, 258), (SENTENCEPIECE, 267)):
+        ids = [min(i, top) for i in ids]
+        assert _pieces(tok, ids, skip, rust=True) == _pieces(tok, ids, skip, rust=False)
