@@ -32,6 +32,7 @@ _ENGINE_ARGS = (
     "gpu_memory_utilization",
     "enforce_eager",
     "async_scheduling",
+    "precision",
 )
 
 
