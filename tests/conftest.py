@@ -66,9 +66,62 @@ def _keyed_by_caller_frame() -> None:
     FakeCUDAShared.array = array
 
 
+def _polling_that_yields() -> None:
+    """The simulator's BlockManager.run (numba-cuda 0.30) with one change: each round of its
+    poll of the block's threads starts with time.sleep(0), which hands the GIL to a thread
+    that is ready instead of holding it until the switch interval ends. test_top_k_edges[8192]
+    10-11 s of CPU against 25-32 s (user, alternating, 2-core host). Other versions keep
+    their own loop."""
+    import importlib.metadata
+    import time
+
+    import numpy as np
+    from numba.cuda.simulator.kernel import BlockManager, BlockThread
+
+    if not importlib.metadata.version("numba-cuda").startswith("0.30."):
+        return
+
+    def run(self, grid_point, *args):
+        threads = set()
+        livethreads = set()
+        blockedthreads = set()
+        for block_point in np.ndindex(*self._block_dim):
+
+            def target():
+                self._f(*args)
+
+            t = BlockThread(target, self, grid_point, block_point, self._debug)
+            t.start()
+            threads.add(t)
+            livethreads.add(t)
+        while livethreads:
+            time.sleep(0)  # the one change
+            for t in livethreads:
+                if t.syncthreads_blocked:
+                    blockedthreads.add(t)
+                elif t.exception:
+                    for t_other in threads:
+                        t_other.abort = True
+                        t_other.syncthreads_blocked = False
+                        t_other.syncthreads_event.set()
+                    raise t.exception[0].with_traceback(t.exception[1])
+            if livethreads == blockedthreads:
+                for t in blockedthreads:
+                    t.syncthreads_blocked = False
+                    t.syncthreads_event.set()
+                blockedthreads = set()
+            livethreads = set([t for t in livethreads if t.is_alive()])
+        for t in threads:
+            if t.exception:
+                raise t.exception[0].with_traceback(t.exception[1])
+
+    BlockManager.run = run
+
+
 if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
     sys.setswitchinterval(SIMULATOR_SWITCH_INTERVAL_S)
     _keyed_by_caller_frame()
+    _polling_that_yields()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
