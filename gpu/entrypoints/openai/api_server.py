@@ -73,6 +73,7 @@ class ApiKeyMiddleware:
 
 YOUNG_GC_THRESHOLD = 10_000
 _gc_saved: list[tuple[int, int, int]] = []  # the thresholds before the first running server
+_was_frozen = [False]  # the heap was frozen already when the first server started
 
 
 @contextlib.contextmanager
@@ -84,9 +85,12 @@ def frozen_heap() -> Iterator[None]:
     collection of the ~60,000-object heap, 75-97 ms of the server process's time, the full one
     alone a 35-77 ms pause; frozen, 2-6 young ones, 13-22 ms. When the last server of the
     process stops, the heap is unfrozen and the thresholds restored (a process that starts
-    servers and goes on, as the tests do, keeps nothing frozen). `run_server` collects the
-    start-up's garbage first; here it would cost every server start a full collection."""
+    servers and goes on, as the tests do, keeps nothing frozen), unless something else had
+    frozen it before (the app's own tuning, chat_app/gc_tuning.py: it stays frozen).
+    `run_server` collects the start-up's garbage first; here it would cost every server start
+    a full collection."""
     if not _gc_saved:
+        _was_frozen[0] = gc.get_freeze_count() > 0
         _gc_saved.append(gc.get_threshold())
         young, middle, oldest = _gc_saved[0]
         gc.set_threshold(max(YOUNG_GC_THRESHOLD, young), middle, oldest)
@@ -98,7 +102,8 @@ def frozen_heap() -> Iterator[None]:
     finally:
         saved = _gc_saved.pop()
         if not _gc_saved:
-            gc.unfreeze()
+            if not _was_frozen[0]:
+                gc.unfreeze()
             gc.set_threshold(*saved)
 
 
