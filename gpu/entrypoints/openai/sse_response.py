@@ -65,7 +65,8 @@ class EventStreamResponse(Response):
         except asyncio.CancelledError:
             if not state["disconnected"]:
                 raise
-            task.uncancel()  # the client left: that cancel was ours, and it has done its work
+            if hasattr(task, "uncancel"):  # Python 3.11+ counts cancels; 3.10 has no count
+                task.uncancel()  # the client left: that cancel was ours, and it has done its work
         finally:
             state["streaming"] = False
             watcher.cancel()
