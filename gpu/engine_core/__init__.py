@@ -31,8 +31,8 @@ in one run, alternating (a `tinychat generate`-like loop; load 8-10 from other w
 14.9-19.9 tok/s against the in-process engine thread's 13.1-14.2 (medians 17.1 and 13.7); with
 one BLAS thread, 10.0-11.3 and 9.7-12.0. The boundary costs less than the machine's noise.
 
-Detokenizing and stop strings run in the client (request_state.py): ~4-6 us a token is ~1 ms a
-step at 256 requests that would sit in the core's loop.
+Detokenizing and stop strings run in the client (request_state.py): 2-3 us a token is ~0.5-0.8
+ms a step at 256 requests that would sit in the core's loop.
 """
 
 from gpu.engine_core.client import EngineCoreClient, EngineCoreError
