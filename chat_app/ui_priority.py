@@ -9,10 +9,8 @@ two cores the UI's ~0.3 of a core cost the engine ~30%. At nice 10 the kernel ru
 threads first; the UI's frames come later when the cores are busy, and then carry more tokens
 each. `tinychat bench app --device cpu --tabs 2 --new-tokens 512` (the default model, the app's
 sampling), 2-core host, this code and the code before alternating, load 0.7-1.8: the app on the
-core streamed 0.91x, 0.83x, 0.88x of the core alone against 0.80x, 0.69x, 0.75x (six more runs
-of an experiment tree at nice 10: 0.77x-1.01x); the p99 gap between a tab's frames grew from
-83-118 ms to 152-174 ms. Nice 5 gave 0.74x-0.81x; 10 frames a second instead of 15, at the
-default priority, 0.74x-0.85x.
+core streamed 0.91x, 0.83x, 0.88x of the core alone against 0.80x, 0.69x, 0.75x; the p99 gap
+between a tab's frames grew from 83-118 ms to 152-174 ms.
 
 Only the UI thread is reniced: Linux keeps a nice value per thread, and a thread or process
 inherits it from the thread that starts it, so the app starts its engines (the core's process,
