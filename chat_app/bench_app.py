@@ -13,7 +13,7 @@ does the same work. The runs (`--runs`, in this order):
               `tinychat generate` runs it; the core runs get the app's thread count)
     app       the real app on the in-process engine thread
 
-and, on request only, the app's own cost with no model and no GPU (chat_app/bench_synthetic.py):
+and, on request only, the app's own cost with no model and no GPU (gpu/bench/standin_core.py):
 
     synthetic      a stand-in core (a process that sends a token per request every 1.5 ms,
                    ~5,300 tok/s at 8 tabs) through the real client, with no app
@@ -52,11 +52,12 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chat_app.bench_app_results import Arrivals, RunResult, add_ratios, print_report
-from gpu.bench import fixtures
+from gpu.bench import fixtures, standin_core
 from gpu.bench.fixtures import engine_config
 
 if TYPE_CHECKING:
@@ -190,21 +191,8 @@ def run_app(work: FixedWork, tabs: int, run: str) -> RunResult:
     once; tokens are timed at each pane. The app runs on a thread of its own, as on a
     terminal it has one to itself: its UI thread gives a CPU engine the cores first
     (chat_app/ui_priority.py), for good, and the runs after it must not inherit that."""
-    results: list[RunResult] = []
-    errors: list[BaseException] = []
-
-    def main() -> None:
-        try:
-            results.append(asyncio.run(_run_app(work, tabs, run)))
-        except BaseException as error:  # re-raised on the caller's thread
-            errors.append(error)
-
-    ui = threading.Thread(target=main, name="tinychat-bench-ui")
-    ui.start()
-    ui.join()
-    if errors:
-        raise errors[0]
-    return results[0]
+    with ThreadPoolExecutor(1, thread_name_prefix="tinychat-bench-ui") as ui:
+        return ui.submit(asyncio.run, _run_app(work, tabs, run)).result()
 
 
 async def _run_app(work: FixedWork, tabs: int, run: str) -> RunResult:
@@ -312,29 +300,19 @@ def core_client(args: argparse.Namespace) -> EngineThread:
 
 
 def synthetic_client(args: argparse.Namespace) -> EngineThread:
-    """An engine-core client on the stand-in core (chat_app/bench_synthetic.py)."""
-    from chat_app.bench_synthetic import ENTRY
+    """An engine-core client on the stand-in core (gpu/bench/standin_core.py)."""
     from gpu.engine_core import EngineCoreClient
 
     folder = synthetic_model_folder(Path(tempfile.gettempdir()) / "tinychat-bench-app-synthetic")
-    return EngineCoreClient(str(folder), "cpu", engine_config(args), entry=ENTRY)
+    return EngineCoreClient(str(folder), "cpu", engine_config(args), entry=standin_core.ENTRY)
 
 
 def synthetic_model_folder(
     folder: Path, vocab_size: int = 32_000, step_s: float | None = None
 ) -> Path:
-    """The folder the stand-in core 'loads': a word-per-id tokenizer (gpu/bench/fixtures.py)
-    and the core's settings (step_s: its STEP_S unless given). Written once per settings."""
-    from chat_app.bench_synthetic import SETTINGS_FILE, STEP_S
-
-    settings = {"step_s": step_s or STEP_S, "vocab_size": vocab_size}
-    path = folder / SETTINGS_FILE
-    if path.exists() and json.loads(path.read_text()) == settings:
-        return folder
-    folder.mkdir(parents=True, exist_ok=True)
-    fixtures.save_word_tokenizer(folder, vocab_size, paragraph=PARAGRAPH)
-    path.write_text(json.dumps(settings))
-    return folder
+    """The stand-in core's model folder, its words opening a paragraph one in PARAGRAPH (the
+    app's Markdown gets blocks to lay out)."""
+    return standin_core.model_folder(folder, vocab_size, step_s, paragraph=PARAGRAPH)
 
 
 def _core_available() -> bool:

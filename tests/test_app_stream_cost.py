@@ -2,7 +2,7 @@
 
 Counted, not timed: a receiver that falls behind the core must catch up by handing each
 request one output for everything that arrived meanwhile (not one per step), and the socket's
-messages must be read many at a time. The stand-in core (chat_app/bench_synthetic.py) plays
+messages must be read many at a time. The stand-in core (gpu/bench/standin_core.py) plays
 the engine: a real process sending a token per request every 0.5 ms, with no model.
 """
 
@@ -22,8 +22,8 @@ import pytest
 from app_doubles import FakeEngine, async_test, fake_app, open_tab, wait_until
 
 from chat_app.bench_app import synthetic_model_folder
-from chat_app.bench_synthetic import ENTRY
 from chat_app.gc_tuning import YOUNG_THRESHOLD
+from gpu.bench.standin_core import ENTRY
 from gpu.engine_core import EngineCoreClient
 from gpu.engine_core.client import FrameReader
 from gpu.outputs import RequestOutput

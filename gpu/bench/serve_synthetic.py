@@ -9,7 +9,7 @@ Default: a synthetic engine client on a thread of its own (no receiver, no detok
 event loop's cost per event alone. --core: the real path as `tinychat bench serve` runs it,
 the real EngineCoreClient (its receiver thread unpickles each step, detokenizes with a
 word-per-id tokenizer, builds the outputs) against a stand-in core process that speaks the
-core's protocol (chat_app/bench_synthetic.py, run by name through EngineCoreClient's entry),
+core's protocol (gpu/bench/standin_core.py, run by name through EngineCoreClient's entry),
 in three phases on one client: the requests through the engine client directly (bench serve's
 "engine alone" row), `streams` one-token requests over HTTP at once (admission: the time to
 all first tokens, the server's CPU per request), then `streams` x `tokens` over HTTP
@@ -41,7 +41,6 @@ from gpu.outputs import CompletionOutput, EngineStats, RequestOutput
 
 # The stand-in engine core (a process speaking the core's protocol, no model): named by its
 # module, run by EngineCoreClient(entry=...) in a process of its own, never imported here.
-STANDIN, STANDIN_SETTINGS = "chat_app.bench_synthetic", "synthetic.json"
 PROMPT_LEN = 32  # bench serve's default
 
 
@@ -264,21 +263,6 @@ def measure(streams: int, tokens: int, period: float) -> dict[str, Any]:
     }
 
 
-def standin_folder(step_s: float, vocab_size: int = 32_000) -> Path:
-    """The model folder the stand-in core 'loads' (a word-per-id tokenizer, as bench serve's
-    --config has, and the core's settings file), written once per settings."""
-    from gpu.bench.fixtures import save_word_tokenizer
-
-    folder = Path(tempfile.gettempdir()) / f"tinychat-serve-standin-{vocab_size}"
-    settings = {"step_s": step_s, "vocab_size": vocab_size}
-    path = folder / STANDIN_SETTINGS
-    if not (folder / "tokenizer.json").exists():
-        save_word_tokenizer(folder, vocab_size)
-    if not path.exists() or json.loads(path.read_text()) != settings:
-        path.write_text(json.dumps(settings))
-    return folder
-
-
 def measure_core(streams: int, tokens: int, step_s: float) -> dict[str, Any]:
     """The real path: `tinychat serve`'s app over a real EngineCoreClient (its receiver thread
     unpickles, detokenizes, builds the outputs) whose core is the stand-in process, which
@@ -286,13 +270,18 @@ def measure_core(streams: int, tokens: int, step_s: float) -> dict[str, Any]:
     same requests through the engine client directly (bench serve's engine row); `streams`
     HTTP requests of one token each (admission: the server's CPU per request); and
     `streams` x `tokens` over HTTP (streaming). Each phase's CPU is split by thread."""
+    from gpu.bench import standin_core
     from gpu.bench.serve import _engine_run
     from gpu.config import EngineConfig
     from gpu.engine_core import EngineCoreClient
     from gpu.entrypoints.openai.api_server import ServerThread, build_app
 
+    folder = Path(tempfile.gettempdir()) / "tinychat-serve-standin"
     client = EngineCoreClient(
-        str(standin_folder(step_s)), "cpu", EngineConfig(max_model_len=8192), entry=STANDIN
+        str(standin_core.model_folder(folder, step_s=step_s)),
+        "cpu",
+        EngineConfig(max_model_len=8192),
+        entry=standin_core.ENTRY,
     )
     client.start()
     server = ServerThread(build_app(client)).start()

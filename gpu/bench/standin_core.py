@@ -1,5 +1,6 @@
-"""A stand-in engine core for `tinychat bench app --runs synthetic,app-synthetic`: the app's
-side of streaming, measured on any machine, with no model and no GPU.
+"""A stand-in engine core for `tinychat bench app --runs synthetic,app-synthetic` and
+`python -m gpu.bench.serve_synthetic --core`: a client's side of streaming (the app's, the
+server's), measured on any machine, with no model and no GPU.
 
 It is a process of its own that speaks the core's protocol (gpu/engine_core/protocol.py) to a
 real `EngineCoreClient`, so the app process does exactly what it does with a real core (the
@@ -11,7 +12,7 @@ an app that cannot keep up slows the stream the same way. The token ids are draw
 model folder's vocabulary (bench_app's word-per-id tokenizer: realistic text to render).
 
 The model folder holds tokenizer.json and `synthetic.json` ({"step_s": .., "vocab_size": ..}):
-bench_app.synthetic_model_folder writes it.
+model_folder writes it.
 """
 
 from __future__ import annotations
@@ -27,10 +28,30 @@ from gpu.engine_core import protocol as p
 from gpu.engine_core.lifecycle import die_with_parent, ignore_interrupts
 from gpu.outputs import EngineStats, StepStats
 
-ENTRY = "chat_app.bench_synthetic"  # EngineCoreClient(entry=...) runs this module's main()
+ENTRY = "gpu.bench.standin_core"  # EngineCoreClient(entry=...) runs this module's main()
 SETTINGS_FILE = "synthetic.json"
 STEP_S = 0.0015
 STATS_INTERVAL = 0.05
+
+
+def model_folder(
+    folder: Path,
+    vocab_size: int = 32_000,
+    step_s: float | None = None,
+    paragraph: int | None = None,
+) -> Path:
+    """The folder the stand-in core 'loads': a word-per-id tokenizer (gpu/bench/fixtures.py;
+    one word in `paragraph` opens a paragraph) and the core's settings (step_s: STEP_S unless
+    given). Written once per settings."""
+    from gpu.bench.fixtures import save_word_tokenizer
+
+    settings = {"step_s": step_s or STEP_S, "vocab_size": vocab_size}
+    path = folder / SETTINGS_FILE
+    if path.exists() and json.loads(path.read_text()) == settings:
+        return folder
+    save_word_tokenizer(folder, vocab_size, paragraph=paragraph)
+    path.write_text(json.dumps(settings))
+    return folder
 
 
 def main() -> None:
