@@ -59,8 +59,8 @@ def _keyed_by_caller_frame() -> None:
         frame = sys._getframe(1)
         caller = (frame.f_code.co_filename, frame.f_lineno)
         allocation = self._allocations.get(caller)
-        if allocation is None:
-            allocation = self._allocations[caller] = np.empty(shape, dtype)
+        if allocation is None:  # setdefault: two threads of the block may get here at once
+            allocation = self._allocations.setdefault(caller, np.empty(shape, dtype))
         return allocation
 
     FakeCUDAShared.array = array

@@ -67,7 +67,7 @@ echo "tinychat home: $TINYCHAT_HOME"
 STATUS_FILE=$(mktemp -u)
 # The pane runs tinychat, then writes its exit status where this script can read it.
 tmux new-session -d -s "$SESSION" -x 120 -y 36 \
-    "$TINYCHAT --device cpu --fresh --temperature 0 --max-tokens 160 $TINYCHAT_ARGS;
+    "$TINYCHAT --device cpu --fresh --temperature 0 --max-tokens 320 $TINYCHAT_ARGS;
      echo \$? >$STATUS_FILE; sleep 600"
 
 # 1. Start-up: the UI opens at once, then shows the model, the device and the KV capacity.
