@@ -48,7 +48,9 @@ from gpu.kernels.sampling_common import (
     MODE_COMPACT,
     MODE_LINEAR,
     MODE_TOP_P,
+    NEG_INF,
     NONE,
+    PRUNE_BINS,
     R_COUNT,
     R_KTH,
     R_LINEAR_BIN,
@@ -65,9 +67,11 @@ from gpu.kernels.sampling_common import (
     UNROLL,
     block_share,
     claim_slot,
-    gumbel,
     kept,
     last_block,
+    load_prune,
+    lowered,
+    noisy,
     pack,
 )
 from gpu.kernels.sampling_histogram import (
@@ -139,13 +143,15 @@ def linear_mass_kernel(logits, chunk_len, fparams, ticket, hist, rowf, rowi):
 
 @cuda.jit(cache=True)
 def linear_split_kernel(
-    logits, chunk_len, uparams, ticket, best, rowf, rowi, cand_val, cand_idx
+    logits, chunk_len, uparams, ticket, best, rowf, rowi, cand_val, cand_idx, prune_table
 ):  # fmt: skip
     grid_dependency_sync()
     row = cuda.blockIdx.x
     mode = rowi[R_MODE, row]
     if (mode & MODE_LINEAR) == 0:
         return
+    prune = cuda.shared.array(PRUNE_BINS, uint32)
+    load_prune(prune_table, prune)
     buf = cuda.shared.array(SLOTS, int64)
     flag = cuda.shared.array(1, int32)
     full = cuda.shared.array(1, int32)
@@ -164,6 +170,7 @@ def linear_split_kernel(
     capacity = cand_val.shape[1]
     start, end = block_share(rowi, row, False, chunk_len, logits.shape[1])
     cand = int64(NONE)
+    ref = NEG_INF  # this thread's best noisy score, lowered
     xs = cuda.local.array(UNROLL, float32)
     for base in range(start + tid, end, nt * UNROLL):
         for u in range(UNROLL):
@@ -174,7 +181,10 @@ def linear_split_kernel(
             keep = v < end and kept(x, min_bound, kth)
             b = linear_bin(top, x) if keep else int32(-1)
             if b > cut:
-                cand = max(cand, pack(x + gumbel(seed, step, v), v))
+                y = noisy(x, ref, prune, seed, step, v)
+                if y > NEG_INF:
+                    ref = max(ref, lowered(y))
+                    cand = max(cand, pack(y, v))
             if full[0] == 0:
                 want = b == cut or b == cut - 1
                 slot = claim_slot(rowi, row, want, capacity, full)
