@@ -98,6 +98,30 @@ def test_fused_decode_step_is_the_per_op_step(lens):
     assert np.abs(fused).max() > 0.1  # the logits are real ones
 
 
+@pytest.mark.parametrize("cut", [1, 5, 18])
+def test_a_prompt_prefilled_in_two_chunks_gets_the_logits_of_one(cut):
+    """Chunked prefill splits a prompt where the step's token budget runs out: the logits of
+    its last token do not depend on where (the chunks' tokens fall into the product's passes of
+    four, two and one token at other places), so a seeded request samples the same tokens
+    alone and among others."""
+    config = tiny_config(
+        hidden_size=48, intermediate_size=80, head_dim=12, num_attention_heads=6,
+        num_key_value_heads=2, num_hidden_layers=3, tie_word_embeddings=True,
+    )  # fmt: skip
+    model = _model(config, threads=2)
+    table = np.random.default_rng(1).permutation(40).astype(np.int32).reshape(5, 8)
+    ids = np.random.default_rng(2).integers(0, 250, 24).astype(np.int32)
+
+    def chunk(start: int, stop: int) -> np.ndarray:
+        step = _batch([stop], stop - start, table[:1])
+        step.input_ids = ids[start:stop].copy()
+        return model.forward(step, 1).copy()
+
+    whole = chunk(0, 24)
+    chunk(0, cut)
+    np.testing.assert_array_equal(chunk(cut, 24), whole)
+
+
 def test_a_thread_count_other_than_the_shares_runs_op_by_op():
     config = tiny_config(num_hidden_layers=1)
     model = _model(config, threads=2)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from gpu.kernels.cpu.fence import fence
 from gpu.kernels.cpu.int16_dots import CHUNK, HAS_PMADDWD, VECTOR, dots_1, dots_2, dots_4
 from gpu.kernels.cpu.prefetch import prefetch
 
@@ -105,8 +106,10 @@ def dequantize_q4_1(qs: np.ndarray, d: np.ndarray, m: np.ndarray) -> np.ndarray:
 # --- the products ----------------------------------------------------------------------------
 @njit(fastmath=True, cache=True, nogil=True)
 def _put(out, t, n, value, accumulate):  # pragma: no cover - compiled
+    """out[t, n] = value, or += value rounded as written (fence.py: never fused with the
+    product that made value, whichever pass and caller this is inlined into)."""
     if accumulate:
-        out[t, n] += value
+        out[t, n] = fence(out[t, n] + fence(value))
     else:
         out[t, n] = value
 
@@ -240,7 +243,9 @@ def _int16_activations(x, kp):  # pragma: no cover - compiled
 def _int16_pair_dots(qs, d, xq, sx, out, n, both, accumulate):  # pragma: no cover - compiled
     """out[t, n] (+)= rows n and n + 1 (when `both`) of the int8 weights . the int16
     activations, scaled: four tokens a pass, then two, then one, each over stretches of CHUNK
-    elements (int16_dots.py) added in float32."""
+    elements (int16_dots.py) added in float32. The integer dots are exact and every float step
+    is fenced (fence.py), so each pass rounds a token's sum alike: its result does not depend
+    on the batch around it (the cpu backend's batch invariance)."""
     t_count = xq.shape[0]
     vectors, step = qs.shape[1] // VECTOR, CHUNK // VECTOR
     s0, s1 = d[n], d[n + 1]
@@ -249,47 +254,47 @@ def _int16_pair_dots(qs, d, xq, sx, out, n, both, accumulate):  # pragma: no cov
         a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = np.float32(0.0)
         for c in range(0, vectors, step):
             i0, i1, i2, i3, j0, j1, j2, j3 = dots_4(qs, xq, n, t, c, min(vectors, c + step))
-            a0 += i0
-            a1 += i1
-            a2 += i2
-            a3 += i3
-            b0 += j0
-            b1 += j1
-            b2 += j2
-            b3 += j3
-        _put(out, t, n, a0 * s0 * sx[t], accumulate)
-        _put(out, t + 1, n, a1 * s0 * sx[t + 1], accumulate)
-        _put(out, t + 2, n, a2 * s0 * sx[t + 2], accumulate)
-        _put(out, t + 3, n, a3 * s0 * sx[t + 3], accumulate)
+            a0 = fence(a0 + i0)
+            a1 = fence(a1 + i1)
+            a2 = fence(a2 + i2)
+            a3 = fence(a3 + i3)
+            b0 = fence(b0 + j0)
+            b1 = fence(b1 + j1)
+            b2 = fence(b2 + j2)
+            b3 = fence(b3 + j3)
+        _put(out, t, n, fence(fence(a0 * s0) * sx[t]), accumulate)
+        _put(out, t + 1, n, fence(fence(a1 * s0) * sx[t + 1]), accumulate)
+        _put(out, t + 2, n, fence(fence(a2 * s0) * sx[t + 2]), accumulate)
+        _put(out, t + 3, n, fence(fence(a3 * s0) * sx[t + 3]), accumulate)
         if both:
-            _put(out, t, n + 1, b0 * s1 * sx[t], accumulate)
-            _put(out, t + 1, n + 1, b1 * s1 * sx[t + 1], accumulate)
-            _put(out, t + 2, n + 1, b2 * s1 * sx[t + 2], accumulate)
-            _put(out, t + 3, n + 1, b3 * s1 * sx[t + 3], accumulate)
+            _put(out, t, n + 1, fence(fence(b0 * s1) * sx[t]), accumulate)
+            _put(out, t + 1, n + 1, fence(fence(b1 * s1) * sx[t + 1]), accumulate)
+            _put(out, t + 2, n + 1, fence(fence(b2 * s1) * sx[t + 2]), accumulate)
+            _put(out, t + 3, n + 1, fence(fence(b3 * s1) * sx[t + 3]), accumulate)
         t += 4
     if t + 2 <= t_count:
         a0 = a1 = b0 = b1 = np.float32(0.0)
         for c in range(0, vectors, step):
             i0, i1, j0, j1 = dots_2(qs, xq, n, t, c, min(vectors, c + step))
-            a0 += i0
-            a1 += i1
-            b0 += j0
-            b1 += j1
-        _put(out, t, n, a0 * s0 * sx[t], accumulate)
-        _put(out, t + 1, n, a1 * s0 * sx[t + 1], accumulate)
+            a0 = fence(a0 + i0)
+            a1 = fence(a1 + i1)
+            b0 = fence(b0 + j0)
+            b1 = fence(b1 + j1)
+        _put(out, t, n, fence(fence(a0 * s0) * sx[t]), accumulate)
+        _put(out, t + 1, n, fence(fence(a1 * s0) * sx[t + 1]), accumulate)
         if both:
-            _put(out, t, n + 1, b0 * s1 * sx[t], accumulate)
-            _put(out, t + 1, n + 1, b1 * s1 * sx[t + 1], accumulate)
+            _put(out, t, n + 1, fence(fence(b0 * s1) * sx[t]), accumulate)
+            _put(out, t + 1, n + 1, fence(fence(b1 * s1) * sx[t + 1]), accumulate)
         t += 2
     if t < t_count:
         a0 = b0 = np.float32(0.0)
         for c in range(0, vectors, step):
             i0, j0 = dots_1(qs, xq, n, t, c, min(vectors, c + step))
-            a0 += i0
-            b0 += j0
-        _put(out, t, n, a0 * s0 * sx[t], accumulate)
+            a0 = fence(a0 + i0)
+            b0 = fence(b0 + j0)
+        _put(out, t, n, fence(fence(a0 * s0) * sx[t]), accumulate)
         if both:
-            _put(out, t, n + 1, b0 * s1 * sx[t], accumulate)
+            _put(out, t, n + 1, fence(fence(b0 * s1) * sx[t]), accumulate)
 
 
 @njit(fastmath=True, cache=True, nogil=True)
