@@ -84,6 +84,24 @@ def test_a_users_numba_cache_dir_wins(tmp_path):
     assert not (tmp_path / "home" / "numba-cache").exists()
 
 
+def test_cpu_kernels_are_stamped_by_every_cpu_kernel_source(tmp_path):
+    """The CPU kernels' cache is $TINYCHAT_HOME/numba-cache/cpu-kernels, stamped with the hash
+    of gpu/kernels/cpu: the decode step, which inlines the per-op kernels of other files, is
+    compiled again when any of them changes."""
+    home = tmp_path / "home"
+    script = """
+        import json
+        from gpu.kernels.cpu import decode_step, quant_gemm
+        from gpu.kernels.compile_cache import CPU_KERNELS_DIR, kernel_sources_hash
+        kernels = (decode_step.decode_forward, quant_gemm.gemm_q8_int16)
+        stamps = [k._cache._impl.locator.get_source_stamp() for k in kernels]
+        assert stamps == [kernel_sources_hash(CPU_KERNELS_DIR)] * 2, stamps
+        print(json.dumps([k._cache._cache_path for k in kernels]))
+    """
+    paths = _run(script, TINYCHAT_HOME=str(home), NUMBA_CACHE_DIR=None)
+    assert paths == [str(home / "numba-cache" / "cpu-kernels")] * 2
+
+
 def test_the_stamp_changes_with_any_kernel_source(tmp_path):
     """An edit to any file of gpu/kernels (a helper included) gives a new stamp."""
     from gpu.kernels.compile_cache import kernel_sources_hash

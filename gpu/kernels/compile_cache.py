@@ -35,6 +35,8 @@ CACHE_ENV = "NUMBA_CACHE_DIR"
 CACHE_SUBDIR = "numba-cache"
 KERNELS_DIR = Path(__file__).resolve().parent
 KERNELS_SUBDIR = "gpu-kernels"
+CPU_KERNELS_DIR = KERNELS_DIR / "cpu"
+CPU_KERNELS_SUBDIR = "cpu-kernels"
 
 
 def default_cache_dir() -> Path:
@@ -68,10 +70,12 @@ def kernel_sources_hash(folder: Path = KERNELS_DIR) -> str:
 
 
 def _install_locator() -> None:
-    """Put KernelSourceLocator first among the CUDA cache's locators (once; not in the
-    simulator, which caches nothing)."""
+    """Put CpuKernelSourceLocator first among the CPU cache's locators and KernelSourceLocator
+    first among the CUDA cache's (once; the CUDA one not in the simulator, which caches
+    nothing)."""
     from numba.core import config
 
+    _install_cpu_locator()
     if config.ENABLE_CUDASIM:
         return
     from numba.cuda.core.caching import _UserProvidedCacheLocator
@@ -100,3 +104,39 @@ def _install_locator() -> None:
             return super().from_function(py_func, py_file)
 
     CUDACacheImpl._locator_classes = [KernelSourceLocator, *CUDACacheImpl._locator_classes]
+
+
+def _install_cpu_locator() -> None:
+    """The CPU kernels (gpu/kernels/cpu) the same way: `<NUMBA_CACHE_DIR>/cpu-kernels`, stamped
+    with the hash of every source file there. The whole-step decode kernel (decode_step.py)
+    is compiled with the per-op kernels of other files inlined: stamped by its own file only,
+    it kept loading the code of those kernels as they were before a change to them (a fix to
+    the q8 product's rounding reached the per-op path and not the decode step)."""
+    from numba.core.caching import CacheImpl, UserProvidedCacheLocator
+
+    if any(getattr(c, "tinychat_kernels", False) for c in CacheImpl._locator_classes):
+        return
+
+    class CpuKernelSourceLocator(UserProvidedCacheLocator):
+        tinychat_kernels = True
+
+        def __init__(self, py_func, py_file) -> None:
+            super().__init__(py_func, py_file)
+            self._cache_path = os.path.join(config_cache_dir(), CPU_KERNELS_SUBDIR)
+
+        def get_source_stamp(self) -> str:
+            return kernel_sources_hash(CPU_KERNELS_DIR)
+
+        @classmethod
+        def from_function(cls, py_func, py_file):
+            if Path(py_file).resolve().parent != CPU_KERNELS_DIR:
+                return None
+            return super().from_function(py_func, py_file)
+
+    CacheImpl._locator_classes = [CpuKernelSourceLocator, *CacheImpl._locator_classes]
+
+
+def config_cache_dir() -> str:
+    from numba.core import config
+
+    return config.CACHE_DIR
