@@ -27,12 +27,18 @@ def test_bench_app_runs_the_engine_and_the_app_and_writes_sane_json(tmp_path: Pa
     for r in runs.values():
         assert r["tokens"] == r["tokens_requested"] == 128  # ignore_eos: the same work each run
         assert r["tok_s"] > 0 and r["stream_tok_s"] > 0 and r["wall_s"] > 0
-        assert 0 < r["gap_p50_ms"] <= r["gap_p99_ms"] <= r["gap_max_ms"]
+        assert 0 <= r["gap_p50_ms"] <= r["gap_p99_ms"] <= r["gap_max_ms"]
         assert r["tokens_per_arrival"] >= 1
         assert r["process_cpu"] > 0
         assert r["chars"] > 0  # text to render, not only ids
     assert runs["engine"]["x_engine"] == 1.0
     assert runs["engine"]["tokens_per_arrival"] == 1  # the engine's callback: a token a step
+    assert runs["engine"]["gap_p50_ms"] > 0
+    # The app's tabs take what arrived since their last frame, and its UI thread yields the
+    # cores to a CPU engine (nice 10): on a busy host a tab may get its 64 tokens in one frame,
+    # with no gap between arrivals to measure.
+    if runs["app"]["tokens_per_arrival"] < 64:
+        assert runs["app"]["gap_max_ms"] > 0
     app, engine = runs["app"], runs["engine"]
     assert app["x_engine"] == app["stream_tok_s"] / engine["stream_tok_s"]
 
