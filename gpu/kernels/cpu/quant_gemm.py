@@ -240,6 +240,18 @@ def _int16_activations(x, kp):  # pragma: no cover - compiled
 
 
 @njit(fastmath=True, cache=True, nogil=True)
+def _add(total, chunk):  # pragma: no cover - compiled
+    """A chunk's dot added to the running sum, rounded as written (fence.py)."""
+    return fence(total + chunk)
+
+
+@njit(fastmath=True, cache=True, nogil=True)
+def _scaled(dot, s, sx):  # pragma: no cover - compiled
+    """dot * s * sx, left to right, each product rounded as written (fence.py)."""
+    return fence(fence(dot * s) * sx)
+
+
+@njit(fastmath=True, cache=True, nogil=True)
 def _int16_pair_dots(qs, d, xq, sx, out, n, both, accumulate):  # pragma: no cover - compiled
     """out[t, n] (+)= rows n and n + 1 (when `both`) of the int8 weights . the int16
     activations, scaled: four tokens a pass, then two, then one, each over stretches of CHUNK
@@ -254,47 +266,47 @@ def _int16_pair_dots(qs, d, xq, sx, out, n, both, accumulate):  # pragma: no cov
         a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = np.float32(0.0)
         for c in range(0, vectors, step):
             i0, i1, i2, i3, j0, j1, j2, j3 = dots_4(qs, xq, n, t, c, min(vectors, c + step))
-            a0 = fence(a0 + i0)
-            a1 = fence(a1 + i1)
-            a2 = fence(a2 + i2)
-            a3 = fence(a3 + i3)
-            b0 = fence(b0 + j0)
-            b1 = fence(b1 + j1)
-            b2 = fence(b2 + j2)
-            b3 = fence(b3 + j3)
-        _put(out, t, n, fence(fence(a0 * s0) * sx[t]), accumulate)
-        _put(out, t + 1, n, fence(fence(a1 * s0) * sx[t + 1]), accumulate)
-        _put(out, t + 2, n, fence(fence(a2 * s0) * sx[t + 2]), accumulate)
-        _put(out, t + 3, n, fence(fence(a3 * s0) * sx[t + 3]), accumulate)
+            a0 = _add(a0, i0)
+            a1 = _add(a1, i1)
+            a2 = _add(a2, i2)
+            a3 = _add(a3, i3)
+            b0 = _add(b0, j0)
+            b1 = _add(b1, j1)
+            b2 = _add(b2, j2)
+            b3 = _add(b3, j3)
+        _put(out, t, n, _scaled(a0, s0, sx[t]), accumulate)
+        _put(out, t + 1, n, _scaled(a1, s0, sx[t + 1]), accumulate)
+        _put(out, t + 2, n, _scaled(a2, s0, sx[t + 2]), accumulate)
+        _put(out, t + 3, n, _scaled(a3, s0, sx[t + 3]), accumulate)
         if both:
-            _put(out, t, n + 1, fence(fence(b0 * s1) * sx[t]), accumulate)
-            _put(out, t + 1, n + 1, fence(fence(b1 * s1) * sx[t + 1]), accumulate)
-            _put(out, t + 2, n + 1, fence(fence(b2 * s1) * sx[t + 2]), accumulate)
-            _put(out, t + 3, n + 1, fence(fence(b3 * s1) * sx[t + 3]), accumulate)
+            _put(out, t, n + 1, _scaled(b0, s1, sx[t]), accumulate)
+            _put(out, t + 1, n + 1, _scaled(b1, s1, sx[t + 1]), accumulate)
+            _put(out, t + 2, n + 1, _scaled(b2, s1, sx[t + 2]), accumulate)
+            _put(out, t + 3, n + 1, _scaled(b3, s1, sx[t + 3]), accumulate)
         t += 4
     if t + 2 <= t_count:
         a0 = a1 = b0 = b1 = np.float32(0.0)
         for c in range(0, vectors, step):
             i0, i1, j0, j1 = dots_2(qs, xq, n, t, c, min(vectors, c + step))
-            a0 = fence(a0 + i0)
-            a1 = fence(a1 + i1)
-            b0 = fence(b0 + j0)
-            b1 = fence(b1 + j1)
-        _put(out, t, n, fence(fence(a0 * s0) * sx[t]), accumulate)
-        _put(out, t + 1, n, fence(fence(a1 * s0) * sx[t + 1]), accumulate)
+            a0 = _add(a0, i0)
+            a1 = _add(a1, i1)
+            b0 = _add(b0, j0)
+            b1 = _add(b1, j1)
+        _put(out, t, n, _scaled(a0, s0, sx[t]), accumulate)
+        _put(out, t + 1, n, _scaled(a1, s0, sx[t + 1]), accumulate)
         if both:
-            _put(out, t, n + 1, fence(fence(b0 * s1) * sx[t]), accumulate)
-            _put(out, t + 1, n + 1, fence(fence(b1 * s1) * sx[t + 1]), accumulate)
+            _put(out, t, n + 1, _scaled(b0, s1, sx[t]), accumulate)
+            _put(out, t + 1, n + 1, _scaled(b1, s1, sx[t + 1]), accumulate)
         t += 2
     if t < t_count:
         a0 = b0 = np.float32(0.0)
         for c in range(0, vectors, step):
             i0, j0 = dots_1(qs, xq, n, t, c, min(vectors, c + step))
-            a0 = fence(a0 + i0)
-            b0 = fence(b0 + j0)
-        _put(out, t, n, fence(fence(a0 * s0) * sx[t]), accumulate)
+            a0 = _add(a0, i0)
+            b0 = _add(b0, j0)
+        _put(out, t, n, _scaled(a0, s0, sx[t]), accumulate)
         if both:
-            _put(out, t, n + 1, fence(fence(b0 * s1) * sx[t]), accumulate)
+            _put(out, t, n + 1, _scaled(b0, s1, sx[t]), accumulate)
 
 
 @njit(fastmath=True, cache=True, nogil=True)
