@@ -301,3 +301,28 @@ def test_cpu_paths_table(capsys, tmp_path, monkeypatch):
     text = capsys.readouterr().out
     assert "(50.0-70.0 over 3 runs)" in text
     assert "q8 b1 / llama.cpp b1, run by run: 0.50x" in text
+
+
+def test_every_cpu_kernel_states_its_float_flags():
+    """A Numba function that leaves fastmath or error_model unset is compiled with the flags of
+    the caller that compiles it first: the q8 product's strict activation rounding took its
+    fastmath caller's, and rounded apart fresh and cache-loaded. Each kernel says its own."""
+    import importlib
+    import pkgutil
+
+    from numba.core.registry import CPUDispatcher
+
+    import gpu.kernels.cpu as cpu_kernels
+
+    kernels = []
+    for info in pkgutil.iter_modules(cpu_kernels.__path__):
+        module = importlib.import_module(f"gpu.kernels.cpu.{info.name}")
+        kernels += [
+            f for f in vars(module).values()
+            if isinstance(f, CPUDispatcher) and f.__module__ == module.__name__
+        ]  # fmt: skip
+    assert len(kernels) > 20
+    unstated = [
+        k.__name__ for k in kernels if not {"fastmath", "error_model"} <= set(k.targetoptions)
+    ]
+    assert not unstated

@@ -2,12 +2,11 @@
 and the barrier it runs on (gpu/kernels/cpu/barrier.py).
 
 The fused step calls the per-op kernels' own inner functions, so its logits and KV writes are
-the per-op path's, bit for bit when one process compiled both. A kernel loaded from Numba's
-cache is object code that a caller compiled later cannot inline, and the two paths then round
-some float steps differently (1 ulp of the residual, seen when another process had compiled
-the per-op kernels first); the next layer's int16 rounding of the activations can turn that
-into a step of max|x| / 32767. ATOL allows that through three layers; a wrong row or a race is
-O(1)."""
+the per-op path's, bit for bit as measured (one process compiling both, or another process
+having compiled the per-op kernels first). One difference is known and not explained: the
+attention kernel rounds 1 ulp apart when freshly compiled and when loaded from Numba's cache,
+and the next layer's int16 rounding of the activations can turn 1 ulp into a step of max|x| /
+32767. ATOL allows that through three layers; a wrong row or a race is O(1)."""
 
 from __future__ import annotations
 

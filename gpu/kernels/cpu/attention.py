@@ -24,7 +24,7 @@ import numpy as np
 from numba import njit, prange
 
 
-@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+@njit(parallel=True, fastmath=True, cache=True, nogil=True, error_model="numpy")
 def paged_attention(
     qkv, k_cache, v_cache, query_start_loc, seq_lens, block_tables, num_heads, head_dim,
     group, scale, max_seq_len, out,
@@ -44,7 +44,7 @@ def paged_attention(
         )  # fmt: skip
 
 
-@njit(fastmath=True, cache=True, nogil=True)
+@njit(fastmath=True, cache=True, nogil=True, error_model="numpy")
 def attend(
     qkv, k_cache, v_cache, query_start_loc, seq_lens, block_tables, b, kvh, head_dim, group,
     scale, scores, q, acc, out,

@@ -143,7 +143,7 @@ def sched_yield(typingctx):
     return types.int32(), codegen
 
 
-@njit(cache=True, nogil=True)
+@njit(fastmath=False, cache=True, nogil=True, error_model="numpy")
 def barrier_wait(state, n_threads, sense):  # pragma: no cover - compiled
     """Wait until all n_threads threads have called it; `sense` is the caller's own (0 at the
     region's start), and the return value its next."""
@@ -162,7 +162,7 @@ def barrier_wait(state, n_threads, sense):  # pragma: no cover - compiled
     return sense
 
 
-@njit(cache=True, nogil=True)
+@njit(fastmath=False, cache=True, nogil=True, error_model="numpy")
 def check_in(state, n_threads, timeout_cycles):  # pragma: no cover - compiled
     """The region's first barrier: True when all n_threads arrived, False (for every one of
     them, however late) when the first to wait gave up after timeout_cycles."""

@@ -29,7 +29,7 @@ from gpu.kernels.cpu.elementwise import rmsnorm, rope_kv_head, silu_mul_columns
 from gpu.kernels.cpu.quant_gemm import ROWS_PER_TASK, int16_round, q8_float_rows, q8_int16_rows
 
 
-@njit(fastmath=True, cache=True, nogil=True)
+@njit(fastmath=True, cache=True, nogil=True, error_model="numpy")
 def _rows(n_rows, share, n_shares):  # pragma: no cover - compiled
     """A share's rows of a product: whole tasks of ROWS_PER_TASK, split as evenly as may be."""
     tasks = (n_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK
@@ -38,7 +38,7 @@ def _rows(n_rows, share, n_shares):  # pragma: no cover - compiled
     return lo, min(hi, n_rows)
 
 
-@njit(fastmath=True, cache=True, nogil=True)
+@njit(fastmath=True, cache=True, nogil=True, error_model="numpy")
 def _product(x, xq, sx, qs, d, out, lo, hi, accumulate, use_int16):  # pragma: no cover
     """Rows lo..hi - 1 of out (+)= x @ W.T, the way gemm_q8 computes them."""
     if use_int16:
@@ -48,7 +48,7 @@ def _product(x, xq, sx, qs, d, out, lo, hi, accumulate, use_int16):  # pragma: n
         q8_float_rows(x, qs, d, out, lo, hi, accumulate)
 
 
-@njit(fastmath=True, cache=True, nogil=True)
+@njit(fastmath=True, cache=True, nogil=True, error_model="numpy")
 def _share(
     share, n_shares, state, timeout_cycles, residual, input_norms, post_norms, final_norm, eps,
     qkv_qs, qkv_d, o_qs, o_d, gate_up_qs, gate_up_d, down_qs, down_d, head_qs, head_d,
@@ -107,7 +107,7 @@ def _share(
     _product(normed, xq, sx, head_qs, head_d, logits, head_lo, head_hi, False, use_int16)
 
 
-@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+@njit(parallel=True, fastmath=True, cache=True, nogil=True, error_model="numpy")
 def decode_forward(
     n_shares, state, timeout_cycles, residual, input_norms, post_norms, final_norm, eps,
     qkv_qs, qkv_d, o_qs, o_d, gate_up_qs, gate_up_d, down_qs, down_d, head_qs, head_d,

@@ -12,7 +12,7 @@ import numpy as np
 from numba import njit
 
 
-@njit(fastmath=True, cache=True, nogil=True)
+@njit(fastmath=True, cache=True, nogil=True, error_model="numpy")
 def rmsnorm(x, weight, eps, out):  # pragma: no cover - compiled
     t_count, h = x.shape
     for t in range(t_count):
@@ -24,7 +24,7 @@ def rmsnorm(x, weight, eps, out):  # pragma: no cover - compiled
             out[t, i] = x[t, i] * inv * weight[i]
 
 
-@njit(fastmath=True, cache=True, nogil=True)
+@njit(fastmath=True, cache=True, nogil=True, error_model="numpy")
 def rope_kv_write(
     qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads, head_dim
 ):  # pragma: no cover - compiled
@@ -39,7 +39,7 @@ def rope_kv_write(
             )  # fmt: skip
 
 
-@njit(fastmath=True, cache=True, nogil=True)
+@njit(fastmath=True, cache=True, nogil=True, error_model="numpy")
 def rope_kv_head(
     qkv, t, p, cos, sin, k_cache, v_cache, slot, kvh, group, num_heads, num_kv_heads, head_dim
 ):  # fmt: skip  # pragma: no cover - compiled
@@ -60,7 +60,7 @@ def rope_kv_head(
         v_cache[blk, kvh, off, i] = qkv[t, v_off + kvh * head_dim + i]
 
 
-@njit(fastmath=True, cache=True, nogil=True)
+@njit(fastmath=True, cache=True, nogil=True, error_model="numpy")
 def _rotate(qkv, t, o, p, cos, sin, half):  # pragma: no cover - compiled
     for i in range(half):
         x1, x2 = qkv[t, o + i], qkv[t, o + half + i]
@@ -69,12 +69,12 @@ def _rotate(qkv, t, o, p, cos, sin, half):  # pragma: no cover - compiled
         qkv[t, o + half + i] = x2 * c + x1 * s
 
 
-@njit(fastmath=True, cache=True, nogil=True)
+@njit(fastmath=True, cache=True, nogil=True, error_model="numpy")
 def silu_mul(gate_up, out):  # pragma: no cover - compiled
     silu_mul_columns(gate_up, out, 0, out.shape[1])
 
 
-@njit(fastmath=True, cache=True, nogil=True)
+@njit(fastmath=True, cache=True, nogil=True, error_model="numpy")
 def silu_mul_columns(gate_up, out, lo, hi):  # pragma: no cover - compiled
     """out[:, lo:hi] of silu_mul (gate_up [T, 2I] = [gate | up], out [T, I])."""
     inter = out.shape[1]

@@ -104,7 +104,7 @@ def dequantize_q4_1(qs: np.ndarray, d: np.ndarray, m: np.ndarray) -> np.ndarray:
 
 
 # --- the products ----------------------------------------------------------------------------
-@njit(fastmath=True, cache=True, nogil=True)
+@njit(fastmath=True, cache=True, nogil=True, error_model="numpy")
 def _put(out, t, n, value, accumulate):  # pragma: no cover - compiled
     """out[t, n] = value, or += value rounded as written (fence.py: never fused with the
     product that made value, whichever pass and caller this is inlined into)."""
@@ -114,7 +114,7 @@ def _put(out, t, n, value, accumulate):  # pragma: no cover - compiled
         out[t, n] = value
 
 
-@njit(fastmath=True, cache=True, nogil=True)
+@njit(fastmath=True, cache=True, nogil=True, error_model="numpy")
 def _row_pair_dots(w0, w1, s0, s1, x, out, n, both, accumulate):  # pragma: no cover - compiled
     """out[t, n] (+)= s0 * (w0 . x[t]) and out[t, n + 1] (+)= s1 * (w1 . x[t]) (when `both`)
     for every token t: int8 rows converted inside the FMA loop, four tokens a pass, then two,
@@ -173,7 +173,7 @@ def _row_pair_dots(w0, w1, s0, s1, x, out, n, both, accumulate):  # pragma: no c
             _put(out, t, n + 1, b0 * s1, accumulate)
 
 
-@njit(fastmath=True, cache=True, nogil=True)
+@njit(fastmath=True, cache=True, nogil=True, error_model="numpy")
 def _prefetch_rows(flat, start, stop):  # pragma: no cover - compiled
     """Prefetch the cache lines of flat[start:stop] (a line is 64 bytes)."""
     stop = min(stop, flat.shape[0])
@@ -184,7 +184,7 @@ def _prefetch_rows(flat, start, stop):  # pragma: no cover - compiled
         prefetch(flat, stop - 1)
 
 
-@njit(fastmath=True, cache=True, nogil=True)
+@njit(fastmath=True, cache=True, nogil=True, error_model="numpy")
 def q8_float_rows(x, qs, d, out, lo, hi, accumulate):  # pragma: no cover - compiled
     """Rows lo..hi - 1 (lo even) of gemm_q8_float's product, on the calling thread."""
     n_rows = out.shape[1]
@@ -196,7 +196,7 @@ def q8_float_rows(x, qs, d, out, lo, hi, accumulate):  # pragma: no cover - comp
         _row_pair_dots(qs[n], qs[n + 1], d[n], d[n + 1], x, out, n, both, accumulate)
 
 
-@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+@njit(parallel=True, fastmath=True, cache=True, nogil=True, error_model="numpy")
 def gemm_q8_float(x, qs, d, out, accumulate):  # pragma: no cover - compiled
     """out[t, n] (+)= x[t] . dequantize_q8(qs, d)[n] for x [T, K] float32 and n < out.shape[1]
     (qs may hold one zero pad row more, and zero pad columns: quantize_q8)."""
@@ -207,7 +207,7 @@ def gemm_q8_float(x, qs, d, out, accumulate):  # pragma: no cover - compiled
         q8_float_rows(x, qs, d, out, lo, min(n_rows, lo + ROWS_PER_TASK), accumulate)
 
 
-@njit(cache=True, nogil=True)
+@njit(fastmath=False, cache=True, nogil=True, error_model="numpy")
 def int16_round(x, xq, sx):  # pragma: no cover - compiled
     """x [T, K] -> xq int16 [T, >= K] (zeros past K) and the scales sx [T]: x[t] ~ sx[t] *
     xq[t], rounded as int16_activations rounds (IEEE arithmetic: no fastmath)."""
@@ -229,7 +229,7 @@ def int16_round(x, xq, sx):  # pragma: no cover - compiled
             xq[t, j] = 0
 
 
-@njit(cache=True, nogil=True)
+@njit(fastmath=False, cache=True, nogil=True, error_model="numpy")
 def _int16_activations(x, kp):  # pragma: no cover - compiled
     """int16_round into new arrays of kp columns. Serial, apart from the parallel product
     (there np.empty would be a parallel loop of its own)."""
@@ -239,19 +239,19 @@ def _int16_activations(x, kp):  # pragma: no cover - compiled
     return xq, sx
 
 
-@njit(fastmath=True, cache=True, nogil=True)
+@njit(fastmath=True, cache=True, nogil=True, error_model="numpy")
 def _add(total, chunk):  # pragma: no cover - compiled
     """A chunk's dot added to the running sum, rounded as written (fence.py)."""
     return fence(total + chunk)
 
 
-@njit(fastmath=True, cache=True, nogil=True)
+@njit(fastmath=True, cache=True, nogil=True, error_model="numpy")
 def _scaled(dot, s, sx):  # pragma: no cover - compiled
     """dot * s * sx, left to right, each product rounded as written (fence.py)."""
     return fence(fence(dot * s) * sx)
 
 
-@njit(fastmath=True, cache=True, nogil=True)
+@njit(fastmath=True, cache=True, nogil=True, error_model="numpy")
 def _int16_pair_dots(qs, d, xq, sx, out, n, both, accumulate):  # pragma: no cover - compiled
     """out[t, n] (+)= rows n and n + 1 (when `both`) of the int8 weights . the int16
     activations, scaled: four tokens a pass, then two, then one, each over stretches of CHUNK
@@ -309,7 +309,7 @@ def _int16_pair_dots(qs, d, xq, sx, out, n, both, accumulate):  # pragma: no cov
             _put(out, t, n + 1, _scaled(b0, s1, sx[t]), accumulate)
 
 
-@njit(fastmath=True, cache=True, nogil=True)
+@njit(fastmath=True, cache=True, nogil=True, error_model="numpy")
 def q8_int16_rows(xq, sx, qs, d, out, lo, hi, accumulate):  # pragma: no cover - compiled
     """Rows lo..hi - 1 (lo even) of gemm_q8_int16's product on the rounded activations
     (int16_round), on the calling thread."""
@@ -321,7 +321,7 @@ def q8_int16_rows(xq, sx, qs, d, out, lo, hi, accumulate):  # pragma: no cover -
         _int16_pair_dots(qs, d, xq, sx, out, n, n + 1 < n_rows, accumulate)
 
 
-@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+@njit(parallel=True, fastmath=True, cache=True, nogil=True, error_model="numpy")
 def gemm_q8_int16(x, qs, d, out, accumulate):  # pragma: no cover - compiled
     """gemm_q8_float's product on int16_activations(x): exact integer dots (AVX2 only)."""
     n_rows = out.shape[1]
@@ -336,7 +336,7 @@ def gemm_q8_int16(x, qs, d, out, accumulate):  # pragma: no cover - compiled
 gemm_q8 = gemm_q8_int16 if HAS_PMADDWD else gemm_q8_float
 
 
-@njit(fastmath=True, cache=True, nogil=True)
+@njit(fastmath=True, cache=True, nogil=True, error_model="numpy")
 def _q4_1_pair_dots(
     w0, w1, d0, d1, m0, m1, x, xs, out, n, both, accumulate, half
 ):  # pragma: no cover - compiled
@@ -406,7 +406,7 @@ def _q4_1_pair_dots(
         t += 1
 
 
-@njit(fastmath=True, cache=True, nogil=True)
+@njit(fastmath=True, cache=True, nogil=True, error_model="numpy")
 def _block_sums(x, nb, half):  # pragma: no cover - compiled
     """x zero-padded to nb whole blocks, and the sum of each token's blocks. Serial, and apart
     from the parallel product: there, numpy calls become parallel loops of their own."""
@@ -428,7 +428,7 @@ def _block_sums(x, nb, half):  # pragma: no cover - compiled
     return xp, xs
 
 
-@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+@njit(parallel=True, fastmath=True, cache=True, nogil=True, error_model="numpy")
 def gemm_q4_1(x, qs, d, m, out, accumulate, half):  # pragma: no cover - compiled
     """out[t, n] (+)= x[t] . dequantize_q4_1(qs, d, m)[n][:K] for x [T, K] float32; `half`
     is half a block (HALF)."""
