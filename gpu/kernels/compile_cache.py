@@ -17,10 +17,11 @@ attribute) so that child processes (a bench's start-up runs) inherit the folder.
 Numba's own locator keys a kernel's cache on its file's path, modification time and size: a
 package installed at a new path (a new venv) would miss it, and a kernel whose helper changed
 (bf16.py, block_reduce.py, pdl.py) would load stale code, since only its own file is stamped.
-So gpu/kernels' kernels get a locator of their own (KernelSourceLocator, first in line): one
+So gpu/kernels' kernels get a locator of their own (_source_locator, first in line): one
 folder, `<cache>/gpu-kernels`, whatever the install path, stamped with a hash of every source
 file of gpu/kernels. Any edit there invalidates every kernel (Numba then compiles and
-overwrites); the same sources anywhere find their kernels.
+overwrites); the same sources anywhere find their kernels. The CPU kernels of gpu/kernels/cpu
+likewise, in `<cache>/cpu-kernels`, stamped by that folder's files.
 """
 
 from __future__ import annotations
@@ -70,73 +71,50 @@ def kernel_sources_hash(folder: Path = KERNELS_DIR) -> str:
 
 
 def _install_locator() -> None:
-    """Put CpuKernelSourceLocator first among the CPU cache's locators and KernelSourceLocator
-    first among the CUDA cache's (once; the CUDA one not in the simulator, which caches
-    nothing)."""
+    """Put a source-stamped locator first among the CPU cache's locators (gpu/kernels/cpu's
+    kernels) and among the CUDA cache's (gpu/kernels'; not in the simulator, which caches
+    nothing). Once."""
     from numba.core import config
+    from numba.core.caching import CacheImpl, UserProvidedCacheLocator
 
-    _install_cpu_locator()
+    _put_first(CacheImpl, _source_locator(UserProvidedCacheLocator, CPU_KERNELS_DIR,
+                                          CPU_KERNELS_SUBDIR))  # fmt: skip
     if config.ENABLE_CUDASIM:
         return
     from numba.cuda.core.caching import _UserProvidedCacheLocator
     from numba.cuda.dispatcher import CUDACacheImpl
 
-    if any(getattr(c, "tinychat_kernels", False) for c in CUDACacheImpl._locator_classes):
-        return
+    _put_first(CUDACacheImpl, _source_locator(_UserProvidedCacheLocator, KERNELS_DIR,
+                                              KERNELS_SUBDIR))  # fmt: skip
 
-    class KernelSourceLocator(_UserProvidedCacheLocator):
-        """gpu/kernels' kernels: `<NUMBA_CACHE_DIR>/gpu-kernels`, stamped with the hash of
-        every kernel source file (see the module's docstring)."""
 
+def _put_first(impl: type, locator: type) -> None:
+    if not any(getattr(c, "tinychat_kernels", False) for c in impl._locator_classes):
+        impl._locator_classes = [locator, *impl._locator_classes]
+
+
+def _source_locator(base: type, folder: Path, subdir: str) -> type:
+    """A locator (subclassing Numba's `base`) for the kernels defined in `folder`'s files:
+    `<NUMBA_CACHE_DIR>/<subdir>`, stamped with the hash of every source file there. The CPU
+    kernels get one of their own because the whole-step decode kernel (cpu/decode_step.py) is
+    compiled with the per-op kernels of other files inlined: stamped by its own file only, it
+    kept loading those kernels' code as it was before a change to them."""
+    from numba.core import config
+
+    class SourceLocator(base):
         tinychat_kernels = True
 
         def __init__(self, py_func, py_file) -> None:
             super().__init__(py_func, py_file)
-            self._cache_path = os.path.join(config.CACHE_DIR, KERNELS_SUBDIR)
+            self._cache_path = os.path.join(config.CACHE_DIR, subdir)
 
         def get_source_stamp(self) -> str:
-            return kernel_sources_hash()
+            return kernel_sources_hash(folder)
 
         @classmethod
         def from_function(cls, py_func, py_file):
-            if Path(py_file).resolve().parent != KERNELS_DIR:
+            if Path(py_file).resolve().parent != folder:
                 return None  # not one of ours: Numba's own locators decide
             return super().from_function(py_func, py_file)
 
-    CUDACacheImpl._locator_classes = [KernelSourceLocator, *CUDACacheImpl._locator_classes]
-
-
-def _install_cpu_locator() -> None:
-    """The CPU kernels (gpu/kernels/cpu) the same way: `<NUMBA_CACHE_DIR>/cpu-kernels`, stamped
-    with the hash of every source file there. The whole-step decode kernel (decode_step.py)
-    is compiled with the per-op kernels of other files inlined: stamped by its own file only,
-    it kept loading the code of those kernels as they were before a change to them (a fix to
-    the q8 product's rounding reached the per-op path and not the decode step)."""
-    from numba.core.caching import CacheImpl, UserProvidedCacheLocator
-
-    if any(getattr(c, "tinychat_kernels", False) for c in CacheImpl._locator_classes):
-        return
-
-    class CpuKernelSourceLocator(UserProvidedCacheLocator):
-        tinychat_kernels = True
-
-        def __init__(self, py_func, py_file) -> None:
-            super().__init__(py_func, py_file)
-            self._cache_path = os.path.join(config_cache_dir(), CPU_KERNELS_SUBDIR)
-
-        def get_source_stamp(self) -> str:
-            return kernel_sources_hash(CPU_KERNELS_DIR)
-
-        @classmethod
-        def from_function(cls, py_func, py_file):
-            if Path(py_file).resolve().parent != CPU_KERNELS_DIR:
-                return None
-            return super().from_function(py_func, py_file)
-
-    CacheImpl._locator_classes = [CpuKernelSourceLocator, *CacheImpl._locator_classes]
-
-
-def config_cache_dir() -> str:
-    from numba.core import config
-
-    return config.CACHE_DIR
+    return SourceLocator
