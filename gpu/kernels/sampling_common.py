@@ -149,6 +149,16 @@ def noisy(x, ref, prune, seed, step, token):
 
 
 @device_function
+def offer(cand, ref, x, prune, seed, step, token):
+    """A thread's packed best (cand) and its lowered bound (ref) after offering the token's
+    noisy score (noisy: nothing changes where it is skipped)."""
+    y = noisy(x, ref, prune, seed, step, token)
+    if y > NEG_INF:
+        return max(cand, pack(y, token)), max(ref, lowered(y))
+    return cand, ref
+
+
+@device_function
 def finite(x):
     return x > NEG_INF and x < -NEG_INF
 

@@ -39,9 +39,7 @@ from gpu.kernels.sampling_common import (
     last_block,
     load,
     load_prune,
-    lowered,
-    noisy,
-    pack,
+    offer,
 )
 
 
@@ -83,10 +81,7 @@ def gumbel_kernel(
             v = vs[u]
             if base + u * nt < end and kept(x, min_bound, kth):
                 if p_t == 0 or float32(math.exp(x - top)) / z >= p_t:
-                    y = noisy(x, ref, prune, seed, step, v)
-                    if y > NEG_INF:
-                        ref = max(ref, lowered(y))
-                        cand = max(cand, pack(y, v))
+                    cand, ref = offer(cand, ref, x, prune, seed, step, v)
     cand = block_max(buf, cand)
     if tid == 0 and cand >= 0:
         cuda.atomic.max(best, row, cand)

@@ -70,9 +70,7 @@ from gpu.kernels.sampling_common import (
     kept,
     last_block,
     load_prune,
-    lowered,
-    noisy,
-    pack,
+    offer,
 )
 from gpu.kernels.sampling_histogram import (
     add_mass,
@@ -181,10 +179,7 @@ def linear_split_kernel(
             keep = v < end and kept(x, min_bound, kth)
             b = linear_bin(top, x) if keep else int32(-1)
             if b > cut:
-                y = noisy(x, ref, prune, seed, step, v)
-                if y > NEG_INF:
-                    ref = max(ref, lowered(y))
-                    cand = max(cand, pack(y, v))
+                cand, ref = offer(cand, ref, x, prune, seed, step, v)
             if full[0] == 0:
                 want = b == cut or b == cut - 1
                 slot = claim_slot(rowi, row, want, capacity, full)
