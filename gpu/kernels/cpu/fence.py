@@ -4,12 +4,11 @@ The q8 product's last steps (quant_gemm._int16_pair_dots: the float sum of exact
 chunk dots, the two scales, `out += value`) run in the four-, two- and one-token passes, in
 the per-op product and inlined into the whole-step decode kernel (decode_step.py), most of them
 compiled with fastmath. There LLVM fused `out + a * s` into an FMA in some of those places and
-not in others (dropping fastmath from _put alone did not stop it: its callers' did), so a
-token's logits depended on its place in the batch and on whether its step also held a prefill:
-a seeded request sampled other tokens alone than among 256 (6 of 256 streams of 32 tokens,
-the default model). Each fenced value is rounded where the source rounds it, in every
-context: llvm.arithmetic.fence on x86 (the q8 integer path's only ISA); elsewhere the value as
-it is.
+not in others, so a token's logits depended on its place in the batch and on whether its step
+also held a prefill: a seeded request sampled other tokens alone than among 256 (6 of 256
+streams of 32 tokens, the default model). Each fenced value is rounded where the source
+rounds it, in every context: llvm.arithmetic.fence on x86 (the q8 integer path's only ISA);
+elsewhere the value as it is.
 """
 
 from __future__ import annotations
