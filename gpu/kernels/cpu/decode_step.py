@@ -58,6 +58,9 @@ def _share(
 ):  # fmt: skip  # pragma: no cover - compiled
     if not check_in(state, n_shares, timeout_cycles):
         return
+    # The flags as runtime bools (a literal True or False argument would compile the product a
+    # second time, specialised on it: seconds more of a first start, and the same code).
+    put, add = np.bool_(False), np.bool_(True)
     group = num_heads // num_kv_heads
     inter = mlp_act.shape[1]
     scores = np.empty((group, max_seq_len), np.float32)
@@ -68,16 +71,16 @@ def _share(
     qkv_lo, qkv_hi = _rows(qkv.shape[1], share, n_shares)
     hid_lo, hid_hi = _rows(residual.shape[1], share, n_shares)
     mlp_lo, mlp_hi = _rows(inter, share, n_shares)
-    sense = 0
+    sense = np.int64(0)  # not a literal 0: barrier_wait compiles once (put and add say why)
     for layer in range(qkv_qs.shape[0]):
         k_cache, v_cache = k_caches[layer], v_caches[layer]
         rmsnorm(residual, input_norms[layer], eps, normed)
         w, s = qkv_qs[layer], qkv_d[layer]
-        _product(normed, xq, sx, w, s, qkv, qkv_lo, qkv_hi, False, use_int16)
+        _product(normed, xq, sx, w, s, qkv, qkv_lo, qkv_hi, put, use_int16)
         sense = barrier_wait(state, n_shares, sense)
         for task in range(task_lo, task_hi):
             b, kvh = task // num_kv_heads, task % num_kv_heads
-            row = query_start_loc[b]
+            row = np.int64(query_start_loc[b])  # the row type rope_kv_write passes
             rope_kv_head(
                 qkv, row, positions[row], cos, sin, k_cache, v_cache, slot_mapping[row], kvh,
                 group, num_heads, num_kv_heads, head_dim,
@@ -88,23 +91,23 @@ def _share(
             )  # fmt: skip
         sense = barrier_wait(state, n_shares, sense)
         w, s = o_qs[layer], o_d[layer]
-        _product(attn_out, xq, sx, w, s, residual, hid_lo, hid_hi, True, use_int16)
+        _product(attn_out, xq, sx, w, s, residual, hid_lo, hid_hi, add, use_int16)
         sense = barrier_wait(state, n_shares, sense)
         rmsnorm(residual, post_norms[layer], eps, normed)
         w, s = gate_up_qs[layer], gate_up_d[layer]
-        _product(normed, xq, sx, w, s, gate_up, mlp_lo, mlp_hi, False, use_int16)
+        _product(normed, xq, sx, w, s, gate_up, mlp_lo, mlp_hi, put, use_int16)
         if use_int16:  # the rows of up: the activations are rounded already
-            q8_int16_rows(xq, sx, w, s, gate_up, inter + mlp_lo, inter + mlp_hi, False)
+            q8_int16_rows(xq, sx, w, s, gate_up, inter + mlp_lo, inter + mlp_hi, put)
         else:
-            q8_float_rows(normed, w, s, gate_up, inter + mlp_lo, inter + mlp_hi, False)
+            q8_float_rows(normed, w, s, gate_up, inter + mlp_lo, inter + mlp_hi, put)
         silu_mul_columns(gate_up, mlp_act, mlp_lo, mlp_hi)
         sense = barrier_wait(state, n_shares, sense)
         w, s = down_qs[layer], down_d[layer]
-        _product(mlp_act, xq, sx, w, s, residual, hid_lo, hid_hi, True, use_int16)
+        _product(mlp_act, xq, sx, w, s, residual, hid_lo, hid_hi, add, use_int16)
         sense = barrier_wait(state, n_shares, sense)
     rmsnorm(residual, final_norm, eps, normed)
     head_lo, head_hi = _rows(logits.shape[1], share, n_shares)
-    _product(normed, xq, sx, head_qs, head_d, logits, head_lo, head_hi, False, use_int16)
+    _product(normed, xq, sx, head_qs, head_d, logits, head_lo, head_hi, put, use_int16)
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True, error_model="numpy")
@@ -124,7 +127,7 @@ def decode_forward(
     n_shares then runs one share a thread)."""
     for share in prange(n_shares):
         _share(
-            share, n_shares, state, timeout_cycles, residual, input_norms, post_norms,
+            np.int64(share), n_shares, state, timeout_cycles, residual, input_norms, post_norms,
             final_norm, eps, qkv_qs, qkv_d, o_qs, o_d, gate_up_qs, gate_up_d, down_qs, down_d,
             head_qs, head_d, k_caches, v_caches, positions, slot_mapping, cos, sin,
             query_start_loc, seq_lens, block_tables, num_heads, num_kv_heads, head_dim, scale,
