@@ -3,10 +3,11 @@ and the barrier it runs on (gpu/kernels/cpu/barrier.py).
 
 The fused step calls the per-op kernels' own inner functions, so its logits and KV writes are
 the per-op path's, bit for bit as measured (one process compiling both, or another process
-having compiled the per-op kernels first). One difference is known and not explained: the
-attention kernel rounds 1 ulp apart when freshly compiled and when loaded from Numba's cache,
-and the next layer's int16 rounding of the activations can turn 1 ulp into a step of max|x| /
-32767. ATOL allows that through three layers; a wrong row or a race is O(1)."""
+having compiled the per-op kernels first). One difference is known: the attention kernel
+rounds apart (2.4e-7 on the same inputs) when Numba's JIT runs it freshly compiled and when it
+is loaded from Numba's cache, a property of fastmath's flags together (BENCHMARKS.md), and the
+next layer's int16 rounding of the activations can turn that into a step of max|x| / 32767.
+ATOL allows that through three layers; a wrong row or a race is O(1)."""
 
 from __future__ import annotations
 
