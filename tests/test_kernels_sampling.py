@@ -12,10 +12,8 @@ import numpy as np
 import pytest
 from kernel_helpers import INT_POISON, fresh_rng, gpu_code_path, poisoned, synced
 from numba import cuda
-from numba import uint32 as numba_uint32
-from numba import uint64 as numba_uint64
 
-from gpu.kernels import block_reduce, sampling, sampling_common
+from gpu.kernels import block_reduce, sampling
 from gpu.kernels.argmax import CHUNK, WIDE_CHUNK, WIDE_ROWS, argmax_rows, argmax_scratch_size
 from gpu.kernels.sampling import (
     CANDIDATES,
@@ -366,55 +364,6 @@ def test_uniform_matches_rng_and_is_never_one():
     assert np.array_equal(synced(out), want), f"KERNEL_TEST_SEED={seed}"
     top = (np.float32(2**23 - 1) + np.float32(0.5)) / np.float32(2**23)
     assert top < 1 and np.float32(0.5) / np.float32(2**23) > 0
-
-
-@cuda.jit
-def _noisy_kernel(x, seed, table, best, pruned):
-    """Each thread's Gumbel-max over its strided share of row x, skipping the noise it cannot
-    use (sampling_common.noisy): its winner's index and how many tokens it skipped."""
-    prune = cuda.shared.array(sampling_common.PRUNE_BINS, numba_uint32)
-    sampling_common.load_prune(table, prune)
-    t = cuda.threadIdx.x
-    ref, top, arg, skipped = sampling_common.NEG_INF, sampling_common.NEG_INF, -1, 0
-    for v in range(t, x.shape[0], cuda.blockDim.x):
-        y = sampling_common.noisy(x[v], ref, prune, seed, numba_uint64(3), v)
-        if y > sampling_common.NEG_INF:
-            ref = max(ref, sampling_common.lowered(y))
-            if y > top:
-                top, arg = y, v
-        else:
-            skipped += 1
-    best[t] = arg
-    pruned[t] = skipped
-
-
-def test_noise_pruning_is_exact_and_skips_most_noise():
-    """A token whose noise is skipped could not have won: each thread's winner over a flat row
-    (and over a row of equal logits, and one with a far outlier) is the full Gumbel-max's, in
-    float32 from rng's uniforms, while most tokens' noise is skipped. The table's bound holds
-    in float64 for every entry."""
-    rng, seed = fresh_rng()
-    table = sampling_common.prune_table()
-    g = np.arange(sampling_common.PRUNE_BINS) / np.float64(sampling_common.PRUNE_SCALE)
-    r = table.astype(np.float64) - 1  # the largest skipped hash value of each entry
-    skips = table > 0
-    assert (-np.log(-np.log((r[skips] + 0.5) / 2**23)) < g[skips]).all()
-    assert table[-1] == 2**23 - 2 and table[0] > 0
-    threads, n = 32, 32 * 64
-    rows = [
-        (rng.standard_normal(n) * 1.3).astype(np.float32),
-        np.full(n, 2.5, np.float32),
-        np.concatenate([[40.0], rng.standard_normal(n - 1)]).astype(np.float32),
-    ]
-    for x in rows:
-        s = np.uint64(rng.integers(0, 2**63))
-        best, pruned = poisoned((threads,), np.int32), poisoned((threads,), np.int32)
-        _noisy_kernel[1, threads](cuda.to_device(x), s, cuda.to_device(table), best, pruned)
-        u = uniform_from_counter(s, np.uint64(3), np.arange(n, dtype=np.uint64))
-        noisy = x - np.log(-np.log(u))
-        want = [t + threads * int(np.argmax(noisy[t::threads])) for t in range(threads)]
-        assert synced(best).tolist() == want, f"KERNEL_TEST_SEED={seed}"
-        assert synced(pruned).sum() > n // 2, f"KERNEL_TEST_SEED={seed}"
 
 
 def _argmax_logits(rng) -> np.ndarray:

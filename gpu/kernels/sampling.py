@@ -33,10 +33,8 @@ CUDA graph; THREADS threads a block, which the histogram loops assume):
    finishes the row.
 
 What they share (sampling_common.py): the row layouts below, the packed (value, index) max, the
-"last block done" merge across a row's blocks, the counter-based uniforms and the Gumbel noise
-that skips the tokens it cannot lift to a thread's best (noisy: a table lookup instead of two
-logarithms for most tokens of a flat row); the radix histogram's block-wide steps are in
-sampling_histogram.py.
+"last block done" merge across a row's blocks, the counter-based uniforms; the radix
+histogram's block-wide steps are in sampling_histogram.py.
 
 Rows a pass has nothing to do for (an inactive phase) return at once: a temperature-only step
 still launches all nine kernels, the last eight of them empty blocks.
@@ -107,7 +105,6 @@ from gpu.kernels.sampling_common import (
     U_SEED,
     U_STEP,
     UNROLL,
-    prune_table,
     uniform,
 )
 from gpu.kernels.sampling_draw import gumbel_kernel
@@ -177,8 +174,7 @@ _CANDIDATES = "float32[:, ::1], int32[:, ::1]"
 SIGNATURES = {
     "scores_kernel": [
         "void(float32[:, ::1], int64, float32[:, ::1], int32[:, ::1], uint64[:, ::1],"
-        f" {_STATE}, {_SCRATCH}, int64[:, ::1], int32[::1], int32[:, ::1], int32[::1],"
-        " uint32[::1])"
+        f" {_STATE}, {_SCRATCH}, int64[:, ::1], int32[::1], int32[:, ::1], int32[::1])"
     ],
     "radix_count_kernel": [
         "void(float32[:, ::1], int64, int64, int32[:, ::1], float32[:, ::1],"
@@ -194,12 +190,11 @@ SIGNATURES = {
     ],
     "linear_split_kernel": [
         "void(float32[:, ::1], int64, uint64[:, ::1], int32[::1], int64[::1], float32[:, ::1],"
-        f" int64[:, ::1], {_CANDIDATES}, uint32[::1])"
+        f" int64[:, ::1], {_CANDIDATES})"
     ],
     "gumbel_kernel": [
         "void(float32[:, ::1], int64, int32[:, ::1], uint64[:, ::1],"
-        f" {_STATE}, {_SCRATCH}, {_CANDIDATES}, int32[::1], int32[:, ::1], int32[::1],"
-        " uint32[::1])"
+        f" {_STATE}, {_SCRATCH}, {_CANDIDATES}, int32[::1], int32[:, ::1], int32[::1])"
     ],
 }
 
@@ -216,7 +211,6 @@ class SamplerScratch:
     hist: object  # int64 [max_rows, BINS]: the row's radix histogram (zero when idle)
     cand_val: object  # float32 [max_rows, candidates]: a compact row's scores (as stored)
     cand_idx: object  # int32 [max_rows, candidates]: ... and their token ids
-    prune: object  # uint32 [PRUNE_BINS]: sampling_common.prune_table(), read-only
     max_rows: int
     vocab: int
 
@@ -237,7 +231,6 @@ def sampler_scratch(
         hist=cuda.to_device(np.zeros((rows, BINS), np.int64), stream=stream),
         cand_val=cuda.device_array((rows, candidates), np.float32, stream=stream),
         cand_idx=cuda.device_array((rows, candidates), np.int32, stream=stream),
-        prune=cuda.to_device(prune_table(), stream=stream),
         max_rows=max_rows,
         vocab=vocab,
     )
@@ -271,7 +264,7 @@ def sample(
     s = scratch
     scores_kernel[grid, THREADS, stream](
         logits, chunk_len, fparams, iparams, uparams, state, s.ticket, s.best, s.rowf, s.rowi,
-        s.hist, out, ring, ring_slot, s.prune,
+        s.hist, out, ring, ring_slot,
     )  # fmt: skip
     for digit in (1, 2):
         radix_count_kernel[grid, THREADS, stream](
@@ -282,8 +275,7 @@ def sample(
         logits, chunk_len, fparams, s.ticket, s.hist, s.rowf, s.rowi
     )  # fmt: skip
     linear_split_kernel[grid, THREADS, stream](
-        logits, chunk_len, uparams, s.ticket, s.best, s.rowf, s.rowi, s.cand_val, s.cand_idx,
-        s.prune,
+        logits, chunk_len, uparams, s.ticket, s.best, s.rowf, s.rowi, s.cand_val, s.cand_idx
     )  # fmt: skip
     for digit in (0, 1, 2):
         radix_mass_kernel[grid, THREADS, stream](
@@ -292,5 +284,5 @@ def sample(
         )  # fmt: skip
     gumbel_kernel[grid, THREADS, stream](
         logits, chunk_len, iparams, uparams, state, s.ticket, s.best, s.rowf, s.rowi, s.cand_val,
-        s.cand_idx, out, ring, ring_slot, s.prune,
+        s.cand_idx, out, ring, ring_slot,
     )  # fmt: skip

@@ -57,9 +57,8 @@ NONE = -1  # the packed-max slot's empty value
 if SIMULATOR:
     _MASK64 = (1 << 64) - 1
 
-    def uniform_bits(seed, step, token):
-        """rng.uniform_from_counter's 23 bits for one token, in Python integers (no overflow
-        warnings)."""
+    def uniform(seed, step, token):
+        """rng.uniform_from_counter for one token, in Python integers (no overflow warnings)."""
         x = int(seed) * int(SEED_MUL) + int(step) * int(STEP_MUL) + int(token) * int(TOKEN_MUL)
         x &= _MASK64
         x ^= x >> 30
@@ -67,95 +66,27 @@ if SIMULATOR:
         x ^= x >> 27
         x = (x * int(MIX2)) & _MASK64
         x ^= x >> 31
-        return x >> 41
+        return (np.float32(x >> 41) + np.float32(0.5)) / np.float32(2**23)
 
 else:
 
     @device_function
-    def uniform_bits(seed, step, token):
-        """rng.uniform_from_counter's 23 bits for one token: uint64 arithmetic wraps as
-        numpy's does."""
+    def uniform(seed, step, token):
+        """rng.uniform_from_counter for one token: uint64 arithmetic wraps as numpy's does; 23
+        bits plus one half over 2**23, exact in float32, so never 0 or 1."""
         x = seed * SEED_MUL + step * STEP_MUL + uint64(token) * TOKEN_MUL
         x ^= x >> uint64(30)
         x *= MIX1
         x ^= x >> uint64(27)
         x *= MIX2
         x ^= x >> uint64(31)
-        return uint32(x >> uint64(41))
+        return (float32(x >> uint64(41)) + float32(0.5)) / float32(8388608.0)
 
 
 @device_function
-def bits_to_uniform(r):
-    """23 bits plus one half over 2**23: exact in float32, never 0 or 1."""
-    return (float32(r) + float32(0.5)) / float32(8388608.0)
-
-
-@device_function
-def uniform(seed, step, token):
-    """rng.uniform_from_counter for one token."""
-    return bits_to_uniform(uniform_bits(seed, step, token))
-
-
-# Gumbel-max skips the noise a score cannot use. The two logarithms of a token's noise cost
-# more than the rest of a pass's work on it (H100, batch 256, sampler alone: a temperature-1
-# pass 231 us against argmax's 66), and in a flat row almost every token's noise is too small
-# to matter: a thread that already holds a noisy score `best` needs g > best - x from a token
-# with score x, and after a few tokens that bound excludes most. g = -log(-log(u)) grows with
-# u, so the bound is a bound on the hash's 23 bits, read from a table (prune_table) indexed by
-# how far x is under best: skipping a token costs its hash, a subtraction and a lookup. The
-# draw is unchanged: a skipped token's noisy score is below a noisy score of the same pass
-# by more than float32 rounding can bridge (lowered()'s margin), so it could not have been
-# the maximum, nor tied with it.
-PRUNE_BINS = 1024  # table entries (4 KB in shared memory)
-PRUNE_SCALE = float32(PRUNE_BINS / 20.0)  # entries a unit of score: the last at 20 (g <= 16.6)
-
-
-def prune_table() -> np.ndarray:
-    """uint32 [PRUNE_BINS]: entry k is a count of hash values r (r < entry) whose noise
-    g(u_r), u_r = (r + 1/2) / 2**23, is below k / PRUNE_SCALE, exactly: a token at least
-    k / PRUNE_SCALE under a thread's lowered best with such an r cannot reach it."""
-    g = np.arange(PRUNE_BINS, dtype=np.float64) / np.float64(PRUNE_SCALE)
-    u = np.exp(-np.exp(-g))  # g(u) < g  <=>  u < exp(-exp(-g))
-    r = np.floor(u * 2.0**23 - 0.5) - 1  # r + 1/2 < u * 2**23, one to spare for rounding
-    return np.clip(r, 0, 2**23).astype(np.uint32)
-
-
-@device_function
-def lowered(v):
-    """A noisy score v less a margin (1e-3 plus 2**-19 of |v|) that float32 rounding of the
-    score, the noise and the distance to it cannot bridge: the bound prune tests against."""
-    return v - (float32(1e-3) + abs(v) * float32(2.0**-19))
-
-
-@device_function
-def load_prune(table, prune):
-    """The prune table into shared memory (every thread calls it)."""
-    for i in range(cuda.threadIdx.x, PRUNE_BINS, cuda.blockDim.x):
-        prune[i] = table[i]
-    cuda.syncthreads()
-
-
-@device_function
-def noisy(x, ref, prune, seed, step, token):
-    """x plus the token's Gumbel noise, or NEG_INF where that noise cannot lift x to ref (a
-    lowered noisy score of the same thread; NEG_INF: none yet)."""
-    r = uniform_bits(seed, step, token)
-    d = (ref - x) * PRUNE_SCALE
-    if d >= float32(0):
-        k = int32(PRUNE_BINS - 1) if d >= float32(PRUNE_BINS - 1) else int32(d)
-        if r < prune[k]:
-            return NEG_INF
-    return x - math.log(-math.log(bits_to_uniform(r)))
-
-
-@device_function
-def offer(cand, ref, x, prune, seed, step, token):
-    """A thread's packed best (cand) and its lowered bound (ref) after offering the token's
-    noisy score (noisy: nothing changes where it is skipped)."""
-    y = noisy(x, ref, prune, seed, step, token)
-    if y > NEG_INF:
-        return max(cand, pack(y, token)), max(ref, lowered(y))
-    return cand, ref
+def gumbel(seed, step, token):
+    """Gumbel(0, 1) noise of one token: -log(-log(u)), float32."""
+    return -math.log(-math.log(float32(uniform(seed, step, token))))
 
 
 @device_function

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from numba import cuda, float32, int32, int64, uint32
+from numba import cuda, float32, int32, int64
 
 from gpu.kernels.block_reduce import block_max
 from gpu.kernels.pdl import grid_dependency_sync
@@ -19,9 +19,7 @@ from gpu.kernels.sampling_common import (
     I_STATE_ROW,
     MODE_COMPACT,
     MODE_TRUNCATE,
-    NEG_INF,
     NONE,
-    PRUNE_BINS,
     R_KTH,
     R_MAX,
     R_MIN_BOUND,
@@ -35,26 +33,24 @@ from gpu.kernels.sampling_common import (
     UNROLL,
     block_share,
     finish_row,
+    gumbel,
     kept,
     last_block,
     load,
-    load_prune,
-    offer,
+    pack,
 )
 
 
 @cuda.jit(cache=True)
 def gumbel_kernel(
     logits, chunk_len, iparams, uparams, state, ticket, best, rowf, rowi, cand_val, cand_idx, out,
-    ring, ring_slot, prune_table,
+    ring, ring_slot,
 ):  # fmt: skip
     grid_dependency_sync()
     row = cuda.blockIdx.x
     mode = rowi[R_MODE, row]
     if (mode & MODE_TRUNCATE) == 0:
         return
-    prune = cuda.shared.array(PRUNE_BINS, uint32)
-    load_prune(prune_table, prune)
     compact = (mode & MODE_COMPACT) != 0
     buf = cuda.shared.array(SLOTS, int64)
     flag = cuda.shared.array(1, int32)
@@ -69,7 +65,6 @@ def gumbel_kernel(
     scale = rowf[R_SCALE, row]
     start, end = block_share(rowi, row, compact, chunk_len, logits.shape[1])
     cand = int64(NONE)
-    ref = NEG_INF  # this thread's best noisy score, lowered
     xs = cuda.local.array(UNROLL, float32)
     vs = cuda.local.array(UNROLL, int32)
     nt = cuda.blockDim.x
@@ -81,7 +76,7 @@ def gumbel_kernel(
             v = vs[u]
             if base + u * nt < end and kept(x, min_bound, kth):
                 if p_t == 0 or float32(math.exp(x - top)) / z >= p_t:
-                    cand, ref = offer(cand, ref, x, prune, seed, step, v)
+                    cand = max(cand, pack(x + gumbel(seed, step, v), v))
     cand = block_max(buf, cand)
     if tid == 0 and cand >= 0:
         cuda.atomic.max(best, row, cand)

@@ -48,9 +48,7 @@ from gpu.kernels.sampling_common import (
     MODE_COMPACT,
     MODE_LINEAR,
     MODE_TOP_P,
-    NEG_INF,
     NONE,
-    PRUNE_BINS,
     R_COUNT,
     R_KTH,
     R_LINEAR_BIN,
@@ -67,10 +65,10 @@ from gpu.kernels.sampling_common import (
     UNROLL,
     block_share,
     claim_slot,
+    gumbel,
     kept,
     last_block,
-    load_prune,
-    offer,
+    pack,
 )
 from gpu.kernels.sampling_histogram import (
     add_mass,
@@ -141,15 +139,13 @@ def linear_mass_kernel(logits, chunk_len, fparams, ticket, hist, rowf, rowi):
 
 @cuda.jit(cache=True)
 def linear_split_kernel(
-    logits, chunk_len, uparams, ticket, best, rowf, rowi, cand_val, cand_idx, prune_table
+    logits, chunk_len, uparams, ticket, best, rowf, rowi, cand_val, cand_idx
 ):  # fmt: skip
     grid_dependency_sync()
     row = cuda.blockIdx.x
     mode = rowi[R_MODE, row]
     if (mode & MODE_LINEAR) == 0:
         return
-    prune = cuda.shared.array(PRUNE_BINS, uint32)
-    load_prune(prune_table, prune)
     buf = cuda.shared.array(SLOTS, int64)
     flag = cuda.shared.array(1, int32)
     full = cuda.shared.array(1, int32)
@@ -168,7 +164,6 @@ def linear_split_kernel(
     capacity = cand_val.shape[1]
     start, end = block_share(rowi, row, False, chunk_len, logits.shape[1])
     cand = int64(NONE)
-    ref = NEG_INF  # this thread's best noisy score, lowered
     xs = cuda.local.array(UNROLL, float32)
     for base in range(start + tid, end, nt * UNROLL):
         for u in range(UNROLL):
@@ -179,7 +174,7 @@ def linear_split_kernel(
             keep = v < end and kept(x, min_bound, kth)
             b = linear_bin(top, x) if keep else int32(-1)
             if b > cut:
-                cand, ref = offer(cand, ref, x, prune, seed, step, v)
+                cand = max(cand, pack(x + gumbel(seed, step, v), v))
             if full[0] == 0:
                 want = b == cut or b == cut - 1
                 slot = claim_slot(rowi, row, want, capacity, full)

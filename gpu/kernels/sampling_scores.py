@@ -47,7 +47,6 @@ from gpu.kernels.sampling_common import (
     NEG_INF,
     NONE,
     PROMPT_BIT,
-    PRUNE_BINS,
     R_COUNT,
     R_DIGIT,
     R_KTH,
@@ -66,10 +65,8 @@ from gpu.kernels.sampling_common import (
     UNROLL,
     finish_row,
     finite,
+    gumbel,
     last_block,
-    load_prune,
-    lowered,
-    noisy,
     pack,
 )
 from gpu.kernels.sampling_histogram import clear_bins, find_bin, flush_bins, read_histogram
@@ -88,19 +85,17 @@ def apply_state(x, cell, ban, repetition, presence, frequency):
 
 
 @device_function
-def score_candidate(
-    logits, row, v, x, greedy, truncate, prescale, temperature, seed, step, ref, prune
-):  # fmt: skip
-    """Pass 1 after the state: a greedy row's logit, a temperature row's noisy score (NONE
-    where it cannot reach ref: sampling_common.noisy), or a truncating row's scaled score
-    (written back where the state changed it), packed; NONE for a non-finite score."""
+def score_candidate(logits, row, v, x, greedy, truncate, prescale, temperature, seed, step):
+    """Pass 1 after the state: a greedy row's logit, a temperature row's noisy score, or a
+    truncating row's scaled score (written back where the state changed it), packed; NONE for
+    a non-finite score."""
     if not greedy:
         x = x / temperature
         if truncate:
             if prescale:
                 logits[row, v] = x
         elif finite(x):
-            x = noisy(x, ref, prune, seed, step, v)
+            x = x + gumbel(seed, step, v)
     if greedy or finite(x):
         return pack(x, v)
     return int64(NONE)
@@ -109,11 +104,10 @@ def score_candidate(
 @cuda.jit(cache=True)
 def scores_kernel(
     logits, chunk_len, fparams, iparams, uparams, state, ticket, best, rowf, rowi, hist, out,
-    ring, ring_slot, prune_table,
+    ring, ring_slot,
 ):  # fmt: skip
     grid_dependency_sync()
     buf = cuda.shared.array(SLOTS, int64)
-    prune = cuda.shared.array(PRUNE_BINS, uint32)
     flag = cuda.shared.array(1, int32)
     hs = cuda.shared.array(BINS, int64)  # the row's histogram, in the last block
     lo = cuda.shared.array(BINS, uint32)  # this block's counts (sampling_histogram.py)
@@ -138,15 +132,11 @@ def scores_kernel(
     greedy = temperature == 0
     truncate = not greedy and (min_p > 0 or top_k > 0 or top_p < 1)
     fold = truncate and top_k > 0  # top-k's first digit, counted here (see the docstring)
-    draw = not greedy and not truncate  # a temperature row: Gumbel-max here
-    if draw:
-        load_prune(prune_table, prune)
     if fold:
         clear_bins(lo, hi, BINS)
         cuda.syncthreads()
 
     cand = int64(NONE)
-    ref = NEG_INF  # this thread's best noisy score, lowered (a temperature row)
     xs = cuda.local.array(UNROLL, float32)
     cells = cuda.local.array(UNROLL, int32)
     nt = cuda.blockDim.x
@@ -163,11 +153,8 @@ def scores_kernel(
                 if state_row >= 0:
                     x = apply_state(x, cells[u], ban, repetition, presence, frequency)
                 c = score_candidate(
-                    logits, row, v, x, greedy, truncate, state_row >= 0, temperature, seed, step,
-                    ref, prune,
-                )  # fmt: skip
-                if draw and c > cand:
-                    ref = lowered(key_to_f32(c >> 31))
+                    logits, row, v, x, greedy, truncate, state_row >= 0, temperature, seed, step
+                )
                 cand = max(cand, c)
                 if fold and c >= 0:  # a finite scaled score: its key's top 11 bits
                     cuda.atomic.add(lo, c >> 52, uint32(1))

@@ -172,7 +172,6 @@ def passes(logits, f, i, u, state, scratch, out, ring, slot) -> list:
     rows, vocab = logits.shape
     chunks, chunk_len = sampling.chunking(rows, vocab)
     grid, threads, s = (rows, chunks), sampling.THREADS, scratch
-    tail = (s.prune,) if hasattr(s, "prune") else ()  # the noise's prune table, where there is one
     calls = [
         lambda: sampling.scores_kernel[grid, threads, stream](
             logits,
@@ -189,7 +188,6 @@ def passes(logits, f, i, u, state, scratch, out, ring, slot) -> list:
             out,
             ring,
             slot,
-            *tail,
         )  # fmt: skip
     ]
     linear = getattr(sampling, "linear_mass_kernel", None)  # absent from older trees
@@ -212,7 +210,6 @@ def passes(logits, f, i, u, state, scratch, out, ring, slot) -> list:
                     s.rowi,
                     s.cand_val,
                     s.cand_idx,
-                    *tail,
                 )  # fmt: skip
             )
         for digit in digits:
@@ -247,7 +244,6 @@ def passes(logits, f, i, u, state, scratch, out, ring, slot) -> list:
             out,
             ring,
             slot,
-            *tail,
         )  # fmt: skip
     )
     return calls
