@@ -125,8 +125,8 @@ def decode_forward(
     did not arrive within timeout_cycles (Numba did not run one share a thread); `state`:
     barrier.new_state(). The caller checks that Numba's thread count is n_shares (a prange of
     n_shares then runs one share a thread)."""
-    for share in prange(n_shares):
-        _share(
+    for share in prange(n_shares):  # an int64 share: prange's index is uint64 when lowered,
+        _share(  # and a second type would compile _share a second time
             np.int64(share), n_shares, state, timeout_cycles, residual, input_norms, post_norms,
             final_norm, eps, qkv_qs, qkv_d, o_qs, o_d, gate_up_qs, gate_up_d, down_qs, down_d,
             head_qs, head_d, k_caches, v_caches, positions, slot_mapping, cos, sin,
