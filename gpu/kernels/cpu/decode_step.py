@@ -71,7 +71,7 @@ def _share(
     qkv_lo, qkv_hi = _rows(qkv.shape[1], share, n_shares)
     hid_lo, hid_hi = _rows(residual.shape[1], share, n_shares)
     mlp_lo, mlp_hi = _rows(inter, share, n_shares)
-    sense = np.int64(0)  # not a literal 0: barrier_wait compiles once (put and add say why)
+    sense = np.int64(0)  # not a literal 0, which would compile barrier_wait a second time
     for layer in range(qkv_qs.shape[0]):
         k_cache, v_cache = k_caches[layer], v_caches[layer]
         rmsnorm(residual, input_norms[layer], eps, normed)
@@ -80,7 +80,7 @@ def _share(
         sense = barrier_wait(state, n_shares, sense)
         for task in range(task_lo, task_hi):
             b, kvh = task // num_kv_heads, task % num_kv_heads
-            row = np.int64(query_start_loc[b])  # the row type rope_kv_write passes
+            row = np.int64(query_start_loc[b])  # int64, as rope_kv_write passes: one rope_kv_head
             rope_kv_head(
                 qkv, row, positions[row], cos, sin, k_cache, v_cache, slot_mapping[row], kvh,
                 group, num_heads, num_kv_heads, head_dim,

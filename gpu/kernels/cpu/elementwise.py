@@ -71,7 +71,8 @@ def _rotate(qkv, t, o, p, cos, sin, half):  # pragma: no cover - compiled
 
 @njit(fastmath=True, cache=True, nogil=True, error_model="numpy")
 def silu_mul(gate_up, out):  # pragma: no cover - compiled
-    silu_mul_columns(gate_up, out, np.int64(0), out.shape[1])  # one compile (decode_step: put)
+    # np.int64: a literal 0 would compile silu_mul_columns a second time, specialised on it
+    silu_mul_columns(gate_up, out, np.int64(0), out.shape[1])
 
 
 @njit(fastmath=True, cache=True, nogil=True, error_model="numpy")
