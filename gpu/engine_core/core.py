@@ -19,6 +19,7 @@ from typing import Any
 from gpu.config import EngineConfig
 from gpu.engine import LLMEngine
 from gpu.engine_core import protocol as p
+from gpu.engine_core.heap import freeze_startup_heap
 from gpu.engine_core.lifecycle import die_with_parent, ignore_interrupts
 
 STATS_INTERVAL = 0.05  # seconds between the stats snapshots that ride on STEP messages
@@ -52,6 +53,7 @@ def run_engine_core(conn: Connection, model: str | None, device: str, config: En
         engine.kv_capacity_tokens,
         engine.vocab_size,
     )
+    freeze_startup_heap()  # no full collection of the build's heap inside a step (heap.py)
     sender.send((p.READY, info))
     try:
         EngineCore(engine, conn, sender).run()
