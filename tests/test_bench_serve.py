@@ -23,14 +23,19 @@ def test_bench_serve_check_on_random_weights(tmp_path, capsys):
             "--max-num-seqs", "4", "--check", "--json", str(out)]  # fmt: skip
     assert tinychat_main(argv) == 0
     results = json.loads(out.read_text())
-    for path in ("engine", "http"):
-        assert results[path]["errors"] == 0
-        assert results[path]["output_tokens"] == results[path]["expected_tokens"] == 12
+    # Greedy and the app's defaults (the bench's default --sampling), each on both paths.
+    assert list(results["settings"]) == ["greedy", "chat"]
+    assert results["sampling"]["chat"] == "temperature 0.7, top-p 0.9, repetition penalty 1.1"
+    for setting in results["settings"].values():
+        for path in ("engine", "http"):
+            assert setting[path]["errors"] == 0
+            assert setting[path]["output_tokens"] == setting[path]["expected_tokens"] == 12
+        assert setting["http_vs_engine"] > 0
     check = results["check"]
     assert check["ok"] and check["batch_invariant"]
     assert (check["streams"], check["mismatched"], check["differ_from_alone"]) == (3, 0, 0)
     printed = capsys.readouterr().out
-    assert "HTTP / engine alone" in printed and "all whole" in printed
+    assert "chat      HTTP (tinychat serve)" in printed and "all whole" in printed
     assert "0 differ (the engine is batch-invariant here)" in printed
 
 
@@ -93,9 +98,10 @@ def test_bench_serve_on_the_gpu_loses_and_mixes_no_token(tmp_path):
             "--new-tokens", "32", "--check", "--json", str(out)]  # fmt: skip
     assert tinychat_main(argv) == 0
     results = json.loads(out.read_text())
-    for path in ("engine", "http"):
-        assert results[path]["errors"] == 0
-        assert results[path]["output_tokens"] == results[path]["expected_tokens"] == 64 * 32
+    for setting in results["settings"].values():
+        for path in ("engine", "http"):
+            assert setting[path]["errors"] == 0
+            assert setting[path]["output_tokens"] == setting[path]["expected_tokens"] == 64 * 32
     check = results["check"]
     assert check["mismatched"] == 0, check["first_problem"]
     assert check["ok"] and not check["batch_invariant"]

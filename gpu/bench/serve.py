@@ -41,12 +41,16 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from gpu.sampling_presets import SamplingPreset
+
 CHECK_TEMPERATURE, CHECK_TOP_P = 0.8, 0.95
+_OFF = asdict(SamplingPreset())  # a preset's fields at their off values
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -62,9 +66,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_serve_bench(args: argparse.Namespace) -> int:
     if args.url:
-        spec = _spec(args.url, args.api_key, _requests(args, None, check=args.check))
-        http = _summary(_run_clients(spec), args.new_tokens)
-        print_serve({"model": args.url, "clients": args.clients, "http": http})
+        from gpu.bench.sampling import parse_sampling
+
+        settings = {}
+        for name in parse_sampling(args.sampling):
+            spec = _spec(args.url, args.api_key, _requests(args, None, args.check, setting=name))
+            settings[name] = {"http": _summary(_run_clients(spec), args.new_tokens)}
+        print_serve({"model": args.url, "clients": args.clients, "settings": settings})
         return 0
     client = _engine_client(args, _model_folder(args))
     try:
@@ -80,37 +88,25 @@ def run_serve_bench(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace, client: Any) -> dict[str, Any]:
+    from gpu.bench.sampling import SETTINGS, parse_sampling
     from gpu.entrypoints.openai.api_server import ServerThread, build_app
 
     engine = client.engine
     vocab = engine.vocab_size
+    names = parse_sampling(getattr(args, "sampling", "greedy"))
     results: dict[str, Any] = {
         "device": engine.device,
         "clients": args.clients,
         "http_stack": http_stack(),
+        "sampling": {name: SETTINGS[name].describe() for name in names},
+        "settings": {},
     }
-    # Warm-up: the whole batch once, so that neither timed run pays for a batch size's first
-    # graph capture. Each run has prompts of its own (same lengths): a run after another
-    # with the same prompts would find them in the prefix cache.
-    _engine_run(client, _requests(args, vocab, check=False, seed=0))
-    requests = _requests(args, vocab, check=False, seed=1)
-    results["engine"] = _summary(_engine_run(client, requests), args.new_tokens)
     recorder = OutputRecorder(client)
     server = ServerThread(build_app(recorder)).start()
     try:
         _warm_up_http(server.url, vocab)
-        if engine.device != "cpu":
-            # The HTTP clients' requests arrive over tens of ms, not at once as the engine
-            # run's do: while they arrive the core runs decode steps of every smaller batch
-            # size and mixed steps of one or a few prompts, shapes the engine's warm-up never
-            # made, and a shape's CUDA graph is captured (after one eager step) the first
-            # time it comes up. So the same clients once, untimed, first.
-            _run_clients(_spec(server.url, None, _requests(args, vocab, False, seed=4)))
-        http = _run_clients(_spec(server.url, None, _requests(args, vocab, False, seed=2)))
-        results["http"] = _summary(http, args.new_tokens)
-        results["http_vs_engine"] = results["http"]["output_tok_s"] / max(
-            results["engine"]["output_tok_s"], 1e-9
-        )
+        for name in names:
+            results["settings"][name] = _bench_setting(args, client, server.url, vocab, name)
         if args.check:
             checked = _requests(args, vocab, check=True, seed=3)
             with recorder.recording() as engine_outputs:
@@ -127,6 +123,31 @@ def _bench(args: argparse.Namespace, client: Any) -> dict[str, Any]:
     finally:
         server.stop()
     return results
+
+
+def _bench_setting(args: argparse.Namespace, client: Any, url: str, vocab: int, name: str):
+    """One sampling setting: the engine alone, then HTTP, each after an untimed pass.
+
+    The untimed passes keep graph captures out of the timed runs: a shape's CUDA graph is
+    captured (after one eager step) the first time it comes up, and each path makes shapes of
+    its own. The engine run's requests arrive at once; the HTTP clients' over a few ms, while
+    the core runs decode steps of smaller batches and mixed steps of one or a few prompts.
+    Every run has prompts of its own (same lengths): a run after another with the same prompts
+    would find them in the prefix cache."""
+    _engine_run(client, _requests(args, vocab, check=False, seed=0, setting=name))
+    engine = _summary(
+        _engine_run(client, _requests(args, vocab, check=False, seed=1, setting=name)),
+        args.new_tokens,
+    )
+    if client.engine.device != "cpu":
+        _run_clients(_spec(url, None, _requests(args, vocab, False, seed=4, setting=name)))
+    http = _run_clients(_spec(url, None, _requests(args, vocab, False, seed=2, setting=name)))
+    http = _summary(http, args.new_tokens)
+    return {
+        "engine": engine,
+        "http": http,
+        "http_vs_engine": http["output_tok_s"] / max(engine["output_tok_s"], 1e-9),
+    }
 
 
 def http_stack() -> str:
@@ -189,11 +210,19 @@ class OutputRecorder:
 
 
 def _requests(
-    args: argparse.Namespace, vocab: int | None, check: bool, seed: int = 0
+    args: argparse.Namespace,
+    vocab: int | None,
+    check: bool,
+    seed: int = 0,
+    setting: str = "greedy",
 ) -> list[dict[str, Any]]:
     """The /v1/completions bodies: random token-id prompts (text where the vocabulary is not
-    known, against --url), fixed lengths; greedy, or seeded sampling for --check."""
+    known, against --url), fixed lengths; `setting`'s sampling (gpu/bench/sampling.py), each
+    request seeded, or for --check, the check's seeded sampling."""
+    from gpu.bench.sampling import SETTINGS
+
     rng = np.random.default_rng(seed)
+    sampling = {k: v for k, v in asdict(SETTINGS[setting]).items() if v != _OFF[k]}
     bodies = []
     for i in range(args.clients):
         if vocab is None:
@@ -204,7 +233,9 @@ def _requests(
             "prompt": prompt,
             "max_tokens": args.new_tokens,
             "ignore_eos": True,
-            "temperature": 0.0,
+            **sampling,
+            "temperature": SETTINGS[setting].temperature,
+            "seed": i,
         }
         if check:
             body.update(
@@ -219,11 +250,11 @@ def _spec(url: str, api_key: str | None, requests: list[dict[str, Any]]) -> dict
 
 
 def _params(body: dict[str, Any]):
+    """The SamplingParams the server makes of a body (the fields _requests sets)."""
     from gpu.sampling_params import RequestOutputKind, SamplingParams
 
     return SamplingParams(
-        temperature=body["temperature"],
-        top_p=body.get("top_p", 1.0),
+        **{k: body[k] for k in _OFF if k in body},
         seed=body.get("seed"),
         max_tokens=body["max_tokens"],
         ignore_eos=True,
@@ -312,6 +343,7 @@ def _run_clients(spec: dict[str, Any]) -> dict[str, Any]:
     return {
         "wall_s": max(out["wall_s"] for out in outputs),
         "client_cpu_s": [out["cpu_s"] for out in outputs],
+        "start_at": start_at,  # the clients' t0 (time.monotonic), for joining server-side times
         "results": results,
     }
 
@@ -397,25 +429,28 @@ def print_serve(r: dict[str, Any]) -> None:
     out = sys.stdout
     stack = f" (server: {r['http_stack']})" if "http_stack" in r else ""
     out.write(f"\nbench serve: {r['model']}, {r['clients']} concurrent streaming clients{stack}\n")
-    out.write(f"{'path':<22}{'tok/s':>9}{'TTFT p50':>10}{'p99':>9}{'ITL p50':>9}{'p99':>8}"
-              f"{'tokens':>9}{'errors':>7}\n")  # fmt: skip
-    for name, key in (("engine client alone", "engine"), ("HTTP (tinychat serve)", "http")):
-        x = r.get(key)
-        if x is None:
-            continue
-        out.write(
-            f"{name:<22}{x['output_tok_s']:>9.0f}{x['ttft_p50_ms']:>10.1f}{x['ttft_p99_ms']:>9.1f}"
-            f"{x['itl_p50_ms']:>9.2f}{x['itl_p99_ms']:>8.2f}{x['output_tokens']:>9}"
-            f"{x['errors']:>7}\n"
-        )
-    x = r.get("http")
-    if x and x.get("client_processes"):
-        out.write(
-            f"clients: {x['client_processes']} processes, the busiest at "
-            f"{x['client_cpu_s_per_s']:.2f} CPU s/s\n"
-        )
-    if "http_vs_engine" in r:
-        out.write(f"HTTP / engine alone: {r['http_vs_engine']:.2f}x output tok/s\n")
+    out.write(f"{'sampling':<10}{'path':<22}{'tok/s':>9}{'TTFT p50':>10}{'p99':>9}{'ITL p50':>9}"
+              f"{'p99':>8}{'tokens':>9}{'errors':>7}{'x engine':>10}\n")  # fmt: skip
+    busiest = []
+    for name, row in r["settings"].items():
+        for path, key in (("engine client alone", "engine"), ("HTTP (tinychat serve)", "http")):
+            x = row.get(key)
+            if x is None:
+                continue
+            ratio = f"{row['http_vs_engine']:>9.2f}x" if key == "http" and "engine" in row else ""
+            out.write(
+                f"{name:<10}{path:<22}{x['output_tok_s']:>9.0f}{x['ttft_p50_ms']:>10.1f}"
+                f"{x['ttft_p99_ms']:>9.1f}{x['itl_p50_ms']:>9.2f}{x['itl_p99_ms']:>8.2f}"
+                f"{x['output_tokens']:>9}{x['errors']:>7}{ratio}\n"
+            )
+            if x.get("client_processes"):
+                busiest.append((x["client_cpu_s_per_s"], x["client_processes"]))
+    for name, words in r.get("sampling", {}).items():
+        if words != name:
+            out.write(f"  {name}: {words}\n")
+    if busiest:
+        cpu, processes = max(busiest)
+        out.write(f"clients: {processes} processes, the busiest at {cpu:.2f} CPU s/s\n")
     if "check" in r:
         c = r["check"]
         verdict = (
