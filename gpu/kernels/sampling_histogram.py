@@ -51,6 +51,24 @@ def read_histogram(hist, row, bins, hs, scan):
 
 
 @device_function
+def read_shared_histogram(lo, hi, bins, hs, scan):
+    """read_histogram for a histogram that stayed in this block's shared memory (a row one
+    block searches alone): hs[b] = the bin's exact total, scan as read_histogram leaves it.
+    Returns the total. Every thread of the block calls it, after a syncthreads."""
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    for b in range(tid, bins, nt):
+        hs[b] = (int64(hi[b]) << 32) + int64(lo[b])
+    cuda.syncthreads()
+    per = bins // nt
+    mine = int64(0)
+    for j in range(tid * per, tid * per + per):
+        mine += hs[bins - 1 - j]
+    inclusive_scan(scan, mine)
+    return scan[nt - 1]
+
+
+@device_function
 def find_bin(hs, bins, scan, remain, sel):
     """sel[0] = the bin where the sum from the top reaches remain (-1: never), sel[1] = the
     sum of the bins above it (after read_histogram; every thread calls it)."""

@@ -37,6 +37,7 @@ import math
 from numba import cuda, float32, float64, int32, int64, uint32
 
 from gpu.kernels.bf16 import key_to_f32, ordered_key
+from gpu.kernels.launch import device_function
 from gpu.kernels.pdl import grid_dependency_sync
 from gpu.kernels.sampling_common import (
     BINS,
@@ -71,7 +72,64 @@ from gpu.kernels.sampling_histogram import (
     find_bin,
     flush_bins,
     read_histogram,
+    read_shared_histogram,
 )
+
+DIGITS = ((21, 2048), (10, 2048), (0, 1024))  # (shift, bins) of digits 0, 1, 2 of the key
+
+
+@device_function
+def compact_mass_select(row, mode, fparams, rowf, rowi, cand_val, lo, hi, hs, scan, sel):
+    """Top-p's three mass digits over a compact row's copy, in this one block: the histograms
+    stay in shared memory and the digits follow each other after a syncthreads, where the
+    row's blocks would need a launch and a cross-block merge per digit (~9 us each at batch 1,
+    most of it the merge). The same exact integer sums, so the same bins and the same cut as
+    the three radix_mass_kernel launches. Every thread of the block calls it."""
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    n = rowi[R_COUNT, row]
+    top = rowf[R_MAX, row]
+    min_bound = rowf[R_MIN_BOUND, row]
+    kth = rowf[R_KTH, row]
+    scale = rowf[R_SCALE, row]
+    linear = (mode & MODE_LINEAR) != 0  # Z and the mass still needed: sampling_linear.py
+    z = rowf[R_Z, row]
+    remain = rowi[R_REMAIN, row]
+    prefix = int64(0)
+    high_mask = int64(0)
+    p_t = float32(0)
+    for d in range(3):
+        shift = DIGITS[d][0]
+        bins = DIGITS[d][1]
+        clear_bins(lo, hi, bins)
+        cuda.syncthreads()
+        for j in range(tid, n, nt):
+            x = cand_val[row, j] / scale
+            if kept(x, min_bound, kth):
+                key = int64(ordered_key(x))
+                if (key & high_mask) == prefix:
+                    e = float32(math.exp(x - top))
+                    add_mass(
+                        lo, hi, (key >> shift) & (bins - 1), int64(float64(e) * MASS_SCALE + 0.5)
+                    )
+        cuda.syncthreads()
+        total = read_shared_histogram(lo, hi, bins, hs, scan)
+        if d == 0 and not linear:
+            remain = max(int64(math.ceil(float64(fparams[F_TOP_P, row]) * total)), 1)
+            z = float32(float64(total) / MASS_SCALE)
+        find_bin(hs, bins, scan, remain, sel)
+        if sel[0] < 0:  # nothing to cut: all the kept scores stay
+            break
+        prefix |= sel[0] << shift
+        remain -= sel[1]
+        high_mask = int64((0xFFFFFFFF >> shift) << shift)
+        if shift == 0:
+            p_t = float32(math.exp(key_to_f32(prefix) - top)) / z
+    if tid == 0:
+        rowf[R_Z, row] = z
+        rowf[R_P_T, row] = p_t
+        rowi[R_MODE, row] = mode & ~MODE_TOP_P
+        rowi[R_DIGIT, row] = 0
 
 
 def _radix_kernel(use_mass: bool):
@@ -106,6 +164,10 @@ def _radix_kernel(use_mass: bool):
         min_bound = rowf[R_MIN_BOUND, row]
         kth = rowf[R_KTH, row]
         scale = rowf[R_SCALE, row]
+        if use_mass and compact and digit == 0:  # the whole search in one block
+            if cuda.blockIdx.y == 0:
+                compact_mass_select(row, mode, fparams, rowf, rowi, cand_val, lo, hi, hs, scan, sel)
+            return
         clear_bins(lo, hi, bins)
         if tid == 0:
             full[0] = 0
