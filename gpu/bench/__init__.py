@@ -9,8 +9,8 @@ random lengths, nano-vllm's workload), chat (sessions streaming through the engi
 with the app's default sampling), startup (process start to a ready engine, cold and warm, in
 processes of their own), scheduler (the Python cost of a step with the model taken out), serve
 (N streaming HTTP clients of `tinychat serve` beside the engine client alone: gpu/bench/serve.py).
-Latency and decode run one row per --sampling setting (gpu/bench/sampling.py), each beside
-greedy. See BENCHMARKS.md.
+Latency, decode and serve run one row per --sampling setting (gpu/bench/sampling.py), each
+beside greedy. See BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--sampling",
         default=DEFAULT_SAMPLING,
-        help="sampling settings of the latency and decode rows, comma-separated: "
+        help="sampling settings of the latency, decode and serve rows, comma-separated: "
         f"{', '.join(SETTINGS)}, or all (default: {DEFAULT_SAMPLING}; chat is the app's "
         "defaults; each row's ratio is to greedy's)",
     )

@@ -9,10 +9,11 @@ alone), then the same kind of requests (prompts of their own, same lengths) go t
 `tinychat serve`'s app (uvicorn in a thread of this process, as `tinychat serve` runs it) from
 N clients in processes of their own (serve_clients.py), like `vllm bench serve`. Each reports
 time to first token, the gap between text chunks (p50/p99) and output tok/s; the HTTP row's
-ratio to the engine's is the server's cost. Requests are greedy completions of random token
-ids (fixed prompt and output lengths, ignore_eos): both paths do the same work. Each path runs
-once untimed first, with its own way of arriving, so that neither timed run captures a CUDA
-graph.
+ratio to the engine's is the server's cost. Requests are completions of random token ids
+(fixed prompt and output lengths, ignore_eos, seeded), one pair of rows per --sampling setting
+(the bench's default: greedy and the app's defaults, "chat"): both paths do the same work. Each
+path runs once untimed first, with its own way of arriving, so that the timed runs meet few
+shapes whose CUDA graph is still to capture.
 
 --check: every client samples (temperature 0.8, top-p 0.95) with a seed of its own and asks
 for its token ids (vLLM's `return_token_ids`), while the server's engine client records what

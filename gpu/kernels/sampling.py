@@ -28,7 +28,9 @@ CUDA graph; THREADS threads a block, which the histogram loops assume):
    scale of the scores, its Gumbel-max above that bin, and the bin copied out: the row is
    read twice whether the nucleus is 10 tokens or 60,000.
 4. radix_mass_kernel x 3 (sampling_radix.py): top-p's exact cut by radix select with masses
-   exp(s - max) in fixed point, over the copy (or, where the copy overflowed, the row).
+   exp(s - max) in fixed point, over the copy (or, where the copy overflowed, the row). A
+   compact row's three digits run in the first launch, in one block (compact_mass_select:
+   no cross-block merge between digits); the other two launches return at once for it.
 5. gumbel_kernel (sampling_draw.py): Gumbel-max over what the thresholds keep, the last block
    finishes the row.
 

@@ -28,6 +28,13 @@ later pass (the last digit, the other search, the draw) reads the copy instead o
 top-k + top-p reads the full row in 2 passes instead of 8, top-p alone in 3 instead of 5
 (~45 us each at batch 256 x 128,256, from HBM). A row whose bins >= B overflow the buffer (a
 flat distribution, a vocabulary of equal logits) keeps reading the logits: the same results.
+
+A compact row's top-p search (after top-k's copy, or the linear passes' copy of the cut bins:
+sampling_linear.py) needs no grid: its copy holds at most CANDIDATES scores, so the first mass
+launch does all three digits in the row's first block (compact_mass_select), the histograms in
+shared memory. On an H100 that took the app's defaults from 861.8 to 867.7 tok/s at batch 1
+and 5,646 to 5,669 at batch 8 (random Llama-3.2-1B weights; SmolLM2-135M 1,432 to 1,448 and
+9,580 to 9,692; tests/device/sampling_table.py, both trees in one call).
 """
 
 from __future__ import annotations
@@ -82,9 +89,10 @@ DIGITS = ((21, 2048), (10, 2048), (0, 1024))  # (shift, bins) of digits 0, 1, 2 
 def compact_mass_select(row, mode, fparams, rowf, rowi, cand_val, lo, hi, hs, scan, sel):
     """Top-p's three mass digits over a compact row's copy, in this one block: the histograms
     stay in shared memory and the digits follow each other after a syncthreads, where the
-    row's blocks would need a launch and a cross-block merge per digit (~9 us each at batch 1,
-    most of it the merge). The same exact integer sums, so the same bins and the same cut as
-    the three radix_mass_kernel launches. Every thread of the block calls it."""
+    row's blocks needed a launch and a cross-block merge (global atomics, the last block's
+    scan) per digit: ~8 us less a step at batch 1 (H100, the module docstring). The same exact
+    integer sums, so the same bins and the same cut as the three radix_mass_kernel launches.
+    Every thread of the block calls it."""
     tid = cuda.threadIdx.x
     nt = cuda.blockDim.x
     n = rowi[R_COUNT, row]
