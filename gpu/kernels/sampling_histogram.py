@@ -42,12 +42,7 @@ def read_histogram(hist, row, bins, hs, scan):
         if b < bins:
             hs[b] = got[k]
     cuda.syncthreads()
-    per = bins // nt
-    mine = int64(0)
-    for j in range(tid * per, tid * per + per):
-        mine += hs[bins - 1 - j]
-    inclusive_scan(scan, mine)
-    return scan[nt - 1]
+    return scan_from_top(hs, bins, scan)
 
 
 @device_function
@@ -60,6 +55,15 @@ def read_shared_histogram(lo, hi, bins, hs, scan):
     for b in range(tid, bins, nt):
         hs[b] = (int64(hi[b]) << 32) + int64(lo[b])
     cuda.syncthreads()
+    return scan_from_top(hs, bins, scan)
+
+
+@device_function
+def scan_from_top(hs, bins, scan):
+    """scan[t] = the sum of the bins of threads 0..t, thread t taking bins//nt bins of hs from
+    the top down; returns the total (after hs is filled and synced)."""
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
     per = bins // nt
     mine = int64(0)
     for j in range(tid * per, tid * per + per):
