@@ -45,13 +45,16 @@ took() { echo "   ($(( SECONDS - $1 )) s)"; }
       took $t
     done
   fi
-  # Issue 22's table: every sampling setting beside greedy through the engine, batches 1-256.
+  # Issue 22's table: every sampling setting beside greedy through the engine, batches 1-256,
+  # on both configurations (the JSON: $OUT/sampling_table_<config>.json).
   if [ -z "${SKIP_TABLE:-}" ]; then
-    echo "== sampling table llama-3.2-1b (engine.step, 128 new tokens)"
-    t=$SECONDS
-    timeout "${T_TABLE:-300}" python3 tests/device/sampling_table.py --config llama-3.2-1b \
-      --batches 1,8,64,256 --new-tokens 128 2>&1 | tail -30
-    took $t
+    for config in llama-3.2-1b smollm2-135m; do
+      echo "== sampling table $config (engine.step, 128 new tokens)"
+      t=$SECONDS
+      timeout "${T_TABLE:-200}" python3 tests/device/sampling_table.py --config $config \
+        --batches 1,8,64,256 --new-tokens 128 2>&1 | tail -30
+      took $t
+    done
   fi
   # --sampling all: 7 settings x (latency + 4 batches) = 35 rows, plus the header lines.
   if [ -z "${SKIP_SMOL:-}" ]; then
@@ -98,14 +101,14 @@ took() { echo "   ($(( SECONDS - $1 )) s)"; }
     took $t
   fi
   if [ -z "${SKIP_SERVE:-}" ]; then
-    # Issue 26: 64 streaming HTTP clients of `tinychat serve` beside the engine client alone
-    # (target: >= 0.9x its output tok/s; 1024 tokens each, so that the clients' connecting is
-    # not most of the run), then 256 seeded streams each equal to its request run alone (no
-    # lost, duplicated or interleaved tokens). Needs the serve extra's wheels.
+    # Issue 26: 64 streaming HTTP clients of `tinychat serve` beside the engine client alone,
+    # greedy and the app's defaults (target: >= 0.9x its output tok/s), then 256 seeded
+    # streams each equal to its request run alone (no lost, duplicated or interleaved tokens).
+    # Needs the serve extra's wheels (the machine has none of them): tests/device/wheels.sh.
     echo "== bench serve llama-3.2-1b: ${CLIENTS:-64} HTTP clients vs the engine alone"
     t=$SECONDS
     timeout "${T_SERVE:-240}" $BENCH serve --config llama-3.2-1b --clients "${CLIENTS:-64}" \
-      --new-tokens 1024 --json "$OUT/bench_serve.json" 2>&1 | tail -6
+      --new-tokens 512 --json "$OUT/bench_serve.json" 2>&1 | tail -9
     took $t
     echo "== bench serve --check llama-3.2-1b: 256 seeded streams vs each alone"
     t=$SECONDS
