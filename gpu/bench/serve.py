@@ -106,10 +106,12 @@ def _bench(args: argparse.Namespace, client: Any) -> dict[str, Any]:
     server = ServerThread(build_app(recorder)).start()
     try:
         _warm_up_http(server.url, vocab)
-        for name in names:
-            results["settings"][name] = _bench_setting(args, client, server.url, vocab, name)
+        for i, name in enumerate(names):
+            results["settings"][name] = _bench_setting(
+                args, client, server.url, vocab, name, 10 * i
+            )
         if args.check:
-            checked = _requests(args, vocab, check=True, seed=3)
+            checked = _requests(args, vocab, check=True, seed=3)  # 3 is no setting's seed
             with recorder.recording() as engine_outputs:
                 streamed = _run_clients(_spec(server.url, None, checked))["results"]
             alone = [_engine_run(client, [r])["results"][0] for r in checked]
@@ -126,23 +128,26 @@ def _bench(args: argparse.Namespace, client: Any) -> dict[str, Any]:
     return results
 
 
-def _bench_setting(args: argparse.Namespace, client: Any, url: str, vocab: int, name: str):
+def _bench_setting(
+    args: argparse.Namespace, client: Any, url: str, vocab: int, name: str, base: int
+) -> dict[str, Any]:
     """One sampling setting: the engine alone, then HTTP, each after an untimed pass.
 
     The untimed passes keep graph captures out of the timed runs: a shape's CUDA graph is
     captured (after one eager step) the first time it comes up, and each path makes shapes of
     its own. The engine run's requests arrive at once; the HTTP clients' over a few ms, while
     the core runs decode steps of smaller batches and mixed steps of one or a few prompts.
-    Every run has prompts of its own (same lengths): a run after another with the same prompts
-    would find them in the prefix cache."""
-    _engine_run(client, _requests(args, vocab, check=False, seed=0, setting=name))
-    engine = _summary(
-        _engine_run(client, _requests(args, vocab, check=False, seed=1, setting=name)),
-        args.new_tokens,
-    )
+    Every run has prompts of its own (same lengths; `base` offsets the setting's seeds): a run
+    after another with the same prompts would find them in the prefix cache."""
+
+    def requests(seed: int) -> list[dict[str, Any]]:
+        return _requests(args, vocab, check=False, seed=base + seed, setting=name)
+
+    _engine_run(client, requests(0))
+    engine = _summary(_engine_run(client, requests(1)), args.new_tokens)
     if client.engine.device != "cpu":
-        _run_clients(_spec(url, None, _requests(args, vocab, False, seed=4, setting=name)))
-    http = _run_clients(_spec(url, None, _requests(args, vocab, False, seed=2, setting=name)))
+        _run_clients(_spec(url, None, requests(4)))
+    http = _run_clients(_spec(url, None, requests(2)))
     http = _summary(http, args.new_tokens)
     return {
         "engine": engine,
