@@ -18,6 +18,7 @@ each segment and the arrivals over time; writes $OUT/serve_timeline.json.
 
 from __future__ import annotations
 
+import argparse
 import contextvars
 import json
 import os
@@ -30,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import gpu.bench.serve as serve  # noqa: E402
 import gpu.entrypoints.openai.api_server as api_server  # noqa: E402
 import gpu.entrypoints.openai.async_engine as async_engine  # noqa: E402
+from gpu.bench import add_bench_arguments  # noqa: E402
 from gpu.engine_core.client import EngineCoreClient  # noqa: E402
 
 CORE_LOG = Path(os.environ.get("OUT", "/tmp")) / "serve_timeline_core.json"
@@ -99,8 +101,8 @@ def _pct(xs, q):
 
 
 def report(http_results: list[dict], t0: float) -> dict:
-    core = json.loads(CORE_LOG.read_text()) if CORE_LOG.exists() else {"adds": {}, "steps": []}
-    adds, firsts = core["adds"], core["first_out"]
+    core = json.loads(CORE_LOG.read_text()) if CORE_LOG.exists() else {}
+    adds, firsts = core.get("adds", {}), core.get("first_out", {})
     rows = []
     for r in http_results:
         s = server.get(r.get("id") or "", {})
@@ -122,10 +124,8 @@ def report(http_results: list[dict], t0: float) -> dict:
         )
     names = list(rows[0]) if rows else []
     print(f"{len(rows)} requests joined; ms from the previous hand-over (p50 / p90 / max):")
-    segments = {}
     for a, b in zip(names, names[1:], strict=False):
         d = [1e3 * (row[b] - row[a]) for row in rows]
-        segments[f"{a}->{b}"] = d
         print(f"  {a:>12} -> {b:<12} {_pct(d, 50):8.2f} {_pct(d, 90):8.2f} {max(d):8.2f}")
     first_start = min(row["client_start"] for row in rows) if rows else 0.0
     print("arrivals (ms after the first client start) at the ASGI call, at the core's ADD:")
@@ -136,7 +136,7 @@ def report(http_results: list[dict], t0: float) -> dict:
             f"  first token at the client "
             f"{1e3 * (_pct([x['client_first'] for x in rows], q) - first_start):8.2f}"
         )
-    steps = [s for s in core["steps"] if s[0] >= first_start - 0.01]
+    steps = [s for s in core.get("steps", []) if s[0] >= first_start - 0.01]
     window = [s for s in steps if s[0] <= max((x["client_first"] for x in rows), default=0)]
     print(f"core steps until the last first token: {len(window)}")
     for s in window[:80]:
@@ -161,10 +161,6 @@ def main() -> int:
         return out
 
     serve._run_clients = recorded
-    import argparse
-
-    from gpu.bench import add_bench_arguments
-
     p = argparse.ArgumentParser()
     add_bench_arguments(p)
     args = p.parse_args(["serve", *sys.argv[1:]])

@@ -37,10 +37,10 @@ def step(self):
 
 
 def send_outputs(self, outputs):
-    _send_outputs(self, outputs)
-    t = time.monotonic()
+    t = time.monotonic()  # before the send: the receiver may have it before the call returns
     for out in outputs:
         first_out.setdefault(out.request_id, t)
+    _send_outputs(self, outputs)
 
 
 def shut_down(self):
