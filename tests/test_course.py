@@ -48,6 +48,7 @@ CHAPTERS = [
     "PagedAttention",
     "The paged KV cache",
     "The paged-attention kernel",
+    "Sampling on the GPU",
 ]
 PARTS = ("**Read first**", "**Fast**", "**See it work**")
 
