@@ -49,6 +49,7 @@ CHAPTERS = [
     "The paged KV cache",
     "The paged-attention kernel",
     "Sampling on the GPU",
+    "The engine core and the server",
 ]
 PARTS = ("**Read first**", "**Fast**", "**See it work**")
 
