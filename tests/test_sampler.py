@@ -14,8 +14,8 @@ from gpu.loader import build_engine
 from gpu.model_weights import random_hf_tensors
 from gpu.sampling import SamplingMetadata, gumbel_noise, uniform_from_counter
 from gpu.sampling.numpy_sampler import (
-    PARTIAL,
-    partial_top_p_threshold,
+    PEAKED,
+    fast_top_p_threshold,
     sample,
     top_p_threshold,
 )
@@ -77,11 +77,12 @@ def test_top_p_keeps_the_smallest_nucleus():
 
 
 def test_the_fast_path_draws_the_twins_tokens():
-    """sample(fast=True) (the CPU fast path's: top-p from a partial sort, noise for the kept
-    ids alone) gives the twin's tokens: peaked rows whose nucleus ends among the largest
-    PARTIAL, flat rows that fall back to the whole row, ties, -inf, min_p and top_k zeros."""
+    """sample(fast=True) (the CPU fast path's: top-p without sorting the row, noise for the
+    kept ids alone) gives the twin's tokens: peaked rows whose nucleus ends among the few
+    probabilities near the top, flat rows that take the binned keys, ties, -inf, min_p and
+    top_k zeros."""
     rng = np.random.default_rng(7)
-    rows, vocab = 12, 5 * PARTIAL + 37  # past the partial sort's 4 * PARTIAL
+    rows, vocab = 12, 5 * PEAKED + 37  # more ids than the peaked path sorts
     logits = rng.standard_normal((rows, vocab)) * rng.choice([0.2, 1.0, 3.0, 5.0], (rows, 1))
     logits = logits.astype(np.float32)
     logits[0, :9] = logits[0].max()  # ties at the top
@@ -99,9 +100,22 @@ def test_the_fast_path_draws_the_twins_tokens():
     for step in range(3):
         md.step = md.step + np.uint64(step)
         assert sample(logits, md, fast=True).tolist() == sample(logits, md).tolist()
-    probs = np.exp(logits[3] * 3 - (logits[3] * 3).max()).astype(np.float32)
-    probs /= probs.sum()
-    assert partial_top_p_threshold(probs, 0.9) == top_p_threshold(probs, 0.9)
+
+
+@pytest.mark.parametrize("spread", [0.0, 0.05, 0.3, 1.0, 3.0, 8.0])
+def test_fast_top_p_threshold_is_the_twins(spread):
+    """Both of fast_top_p_threshold's paths (the peaked rows' sort near the top, the flat rows'
+    binned keys) give the sorting twin's threshold, with zeros (dropped tokens), ties at the
+    cut and all-equal rows."""
+    rng = np.random.default_rng(int(spread * 100) + 1)
+    for _ in range(4):
+        x = (rng.standard_normal(49_152) * spread).astype(np.float32)
+        x[rng.integers(0, len(x), 64)] = x.max()  # ties at the top
+        x[rng.integers(0, len(x), 2_000)] = -np.inf  # min_p / top_k drops: zero probability
+        probs = np.exp(x - x.max()).astype(np.float32)
+        probs /= probs.sum()
+        for top_p in (0.05, 0.5, 0.9, 0.99):
+            assert fast_top_p_threshold(probs, top_p) == top_p_threshold(probs, top_p)
 
 
 def test_min_p_drops_tokens_below_a_fraction_of_the_top():
