@@ -378,3 +378,20 @@ def test_the_loop_metrics_render_as_prometheus_client_s_own():
         line for line in generate_latest(r).decode().splitlines() if "_created" not in line
     )
     assert lines(ours) == lines(theirs)
+
+
+def test_bench_serve_against_a_running_server(served: Served, tmp_path, capsys):
+    """`tinychat bench serve --url`: streaming clients against any OpenAI-compatible server,
+    a row per sampling setting (greedy and the app's defaults), every token delivered."""
+    from chat_app.cli import main as tinychat_main
+
+    out = tmp_path / "url.json"
+    argv = ["bench", "serve", "--url", served.url, "--clients", "2", "--new-tokens", "3",
+            "--prompt-len", "4", "--json", str(out)]  # fmt: skip
+    assert tinychat_main(argv) == 0
+    results = json.loads(out.read_text())
+    assert list(results["settings"]) == ["greedy", "chat"]
+    for setting in results["settings"].values():
+        http = setting["http"]
+        assert http["errors"] == 0 and http["output_tokens"] == http["expected_tokens"] == 6
+    assert "chat: temperature 0.7, top-p 0.9, repetition penalty 1.1" in capsys.readouterr().out

@@ -67,14 +67,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_serve_bench(args: argparse.Namespace) -> int:
     if args.url:
-        from gpu.bench.sampling import parse_sampling
-
-        settings = {}
-        for name in parse_sampling(args.sampling):
-            spec = _spec(args.url, args.api_key, _requests(args, None, args.check, setting=name))
-            settings[name] = {"http": _summary(_run_clients(spec), args.new_tokens)}
-        print_serve({"model": args.url, "clients": args.clients, "settings": settings})
-        return 0
+        return _bench_url(args)
     client = _engine_client(args, _model_folder(args))
     try:
         results = _bench(args, client)
@@ -86,6 +79,28 @@ def run_serve_bench(args: argparse.Namespace) -> int:
             json.dump(results, f, indent=1)
     print_serve(results)
     return 0 if not results.get("check") or results["check"]["ok"] else 1
+
+
+def _bench_url(args: argparse.Namespace) -> int:
+    """Any running OpenAI-compatible server: the HTTP rows alone, a pair per setting."""
+    from gpu.bench.sampling import SETTINGS, parse_sampling
+
+    names = parse_sampling(args.sampling)
+    results: dict[str, Any] = {
+        "model": args.url,
+        "clients": args.clients,
+        "sampling": {name: SETTINGS[name].describe() for name in names},
+        "settings": {},
+    }
+    for i, name in enumerate(names):
+        requests = _requests(args, None, args.check, seed=10 * i, setting=name)
+        http = _run_clients(_spec(args.url, args.api_key, requests))
+        results["settings"][name] = {"http": _summary(http, args.new_tokens)}
+    if args.json_path:
+        with open(args.json_path, "w") as f:
+            json.dump(results, f, indent=1)
+    print_serve(results)
+    return 0
 
 
 def _bench(args: argparse.Namespace, client: Any) -> dict[str, Any]:
