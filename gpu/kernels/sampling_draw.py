@@ -20,12 +20,8 @@ from gpu.kernels.sampling_common import (
     MODE_COMPACT,
     MODE_TRUNCATE,
     NONE,
-    R_KTH,
-    R_MAX,
-    R_MIN_BOUND,
     R_MODE,
     R_P_T,
-    R_SCALE,
     R_Z,
     SLOTS,
     U_SEED,
@@ -38,6 +34,7 @@ from gpu.kernels.sampling_common import (
     last_block,
     load,
     pack,
+    row_bounds,
 )
 
 
@@ -57,12 +54,9 @@ def gumbel_kernel(
     tid = cuda.threadIdx.x
     seed = uparams[U_SEED, row]
     step = uparams[U_STEP, row]
-    top = rowf[R_MAX, row]
-    min_bound = rowf[R_MIN_BOUND, row]
-    kth = rowf[R_KTH, row]
+    top, min_bound, kth, scale = row_bounds(rowf, row)
     p_t = rowf[R_P_T, row]
     z = rowf[R_Z, row]
-    scale = rowf[R_SCALE, row]
     start, end = block_share(rowi, row, compact, chunk_len, logits.shape[1])
     cand = int64(NONE)
     xs = cuda.local.array(UNROLL, float32)

@@ -50,13 +50,9 @@ from gpu.kernels.sampling_common import (
     MODE_TOP_P,
     NONE,
     R_COUNT,
-    R_KTH,
     R_LINEAR_BIN,
-    R_MAX,
-    R_MIN_BOUND,
     R_MODE,
     R_REMAIN,
-    R_SCALE,
     R_Z,
     SLOTS,
     THREADS,
@@ -69,6 +65,7 @@ from gpu.kernels.sampling_common import (
     kept,
     last_block,
     pack,
+    row_bounds,
 )
 from gpu.kernels.sampling_histogram import (
     add_mass,
@@ -106,10 +103,7 @@ def linear_mass_kernel(logits, chunk_len, fparams, ticket, hist, rowf, rowi):
     flag = cuda.shared.array(1, int32)
     tid = cuda.threadIdx.x
     nt = cuda.blockDim.x
-    top = rowf[R_MAX, row]
-    min_bound = rowf[R_MIN_BOUND, row]
-    kth = rowf[R_KTH, row]
-    scale = rowf[R_SCALE, row]
+    top, min_bound, kth, scale = row_bounds(rowf, row)
     clear_bins(lo, hi, BINS)
     cuda.syncthreads()
     start, end = block_share(rowi, row, False, chunk_len, logits.shape[1])
@@ -156,10 +150,7 @@ def linear_split_kernel(
     cuda.syncthreads()
     seed = uparams[U_SEED, row]
     step = uparams[U_STEP, row]
-    top = rowf[R_MAX, row]
-    min_bound = rowf[R_MIN_BOUND, row]
-    kth = rowf[R_KTH, row]
-    scale = rowf[R_SCALE, row]
+    top, min_bound, kth, scale = row_bounds(rowf, row)
     cut = rowi[R_LINEAR_BIN, row]
     capacity = cand_val.shape[1]
     start, end = block_share(rowi, row, False, chunk_len, logits.shape[1])

@@ -57,13 +57,10 @@ from gpu.kernels.sampling_common import (
     R_COUNT,
     R_DIGIT,
     R_KTH,
-    R_MAX,
-    R_MIN_BOUND,
     R_MODE,
     R_P_T,
     R_PREFIX,
     R_REMAIN,
-    R_SCALE,
     R_Z,
     THREADS,
     UNROLL,
@@ -72,6 +69,7 @@ from gpu.kernels.sampling_common import (
     kept,
     last_block,
     load,
+    row_bounds,
 )
 from gpu.kernels.sampling_histogram import (
     add_mass,
@@ -96,10 +94,7 @@ def compact_mass_select(row, mode, fparams, rowf, rowi, cand_val, lo, hi, hs, sc
     tid = cuda.threadIdx.x
     nt = cuda.blockDim.x
     n = rowi[R_COUNT, row]
-    top = rowf[R_MAX, row]
-    min_bound = rowf[R_MIN_BOUND, row]
-    kth = rowf[R_KTH, row]
-    scale = rowf[R_SCALE, row]
+    top, min_bound, kth, scale = row_bounds(rowf, row)
     linear = (mode & MODE_LINEAR) != 0  # Z and the mass still needed: sampling_linear.py
     z = rowf[R_Z, row]
     remain = rowi[R_REMAIN, row]
@@ -168,10 +163,7 @@ def _radix_kernel(use_mass: bool):
         bins = 1 << (high - shift)
         high_mask = ((0xFFFFFFFF >> high) << high) if high < 32 else 0
         prefix = rowi[R_PREFIX, row] if digit > 0 else int64(0)
-        top = rowf[R_MAX, row]
-        min_bound = rowf[R_MIN_BOUND, row]
-        kth = rowf[R_KTH, row]
-        scale = rowf[R_SCALE, row]
+        top, min_bound, kth, scale = row_bounds(rowf, row)
         if use_mass and compact and digit == 0:  # the whole search in one block
             if cuda.blockIdx.y == 0:
                 compact_mass_select(row, mode, fparams, rowf, rowi, cand_val, lo, hi, hs, scan, sel)
