@@ -243,6 +243,7 @@ def _requests(
     from gpu.bench.sampling import SETTINGS
 
     rng = np.random.default_rng(seed)
+    # Only the fields the setting changes: another server (--url) may not know vLLM's extras.
     sampling = {k: v for k, v in asdict(SETTINGS[setting]).items() if v != _OFF[k]}
     bodies = []
     for i in range(args.clients):

@@ -80,7 +80,14 @@ from gpu.kernels.sampling_histogram import (
     read_shared_histogram,
 )
 
-DIGITS = ((21, 2048), (10, 2048), (0, 1024))  # (shift, bins) of digits 0, 1, 2 of the key
+
+@device_function
+def digit_layout(digit):
+    """(shift, bins, high_mask) of the key's radix digit 0, 1 or 2 (11, 11 and 10 bits): the
+    digit is bits [shift, shift + log2(bins)) of the key, high_mask the bits above it."""
+    high = 32 - 11 * digit
+    shift = max(high - 11, 0)
+    return shift, 1 << (high - shift), ((0xFFFFFFFF >> high) << high) if high < 32 else 0
 
 
 @device_function
@@ -99,11 +106,9 @@ def compact_mass_select(row, mode, fparams, rowf, rowi, cand_val, lo, hi, hs, sc
     z = rowf[R_Z, row]
     remain = rowi[R_REMAIN, row]
     prefix = int64(0)
-    high_mask = int64(0)
     p_t = float32(0)
     for d in range(3):
-        shift = DIGITS[d][0]
-        bins = DIGITS[d][1]
+        shift, bins, high_mask = digit_layout(d)
         clear_bins(lo, hi, bins)
         cuda.syncthreads()
         for j in range(tid, n, nt):
@@ -125,7 +130,6 @@ def compact_mass_select(row, mode, fparams, rowf, rowi, cand_val, lo, hi, hs, sc
             break
         prefix |= sel[0] << shift
         remain -= sel[1]
-        high_mask = int64((0xFFFFFFFF >> shift) << shift)
         if shift == 0:
             p_t = float32(math.exp(key_to_f32(prefix) - top)) / z
     if tid == 0:
@@ -158,10 +162,7 @@ def _radix_kernel(use_mass: bool):
         full = cuda.shared.array(1, int32)  # the row's candidates overflowed: stop copying
         tid = cuda.threadIdx.x
         nt = cuda.blockDim.x
-        high = 32 - 11 * digit  # the digit is bits [shift, high) of the key
-        shift = max(high - 11, 0)
-        bins = 1 << (high - shift)
-        high_mask = ((0xFFFFFFFF >> high) << high) if high < 32 else 0
+        shift, bins, high_mask = digit_layout(digit)
         prefix = rowi[R_PREFIX, row] if digit > 0 else int64(0)
         top, min_bound, kth, scale = row_bounds(rowf, row)
         if use_mass and compact and digit == 0:  # the whole search in one block

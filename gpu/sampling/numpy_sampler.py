@@ -53,10 +53,9 @@ def fast_top_p_threshold(probs: np.ndarray, top_p: float) -> float:
     (np.bincount) summed from the top find the bin where the nucleus ends, and only that bin's
     values are sorted. Both compare against top_p times the row's float64 (pairwise) sum, and
     the bins above the cut are summed per bin: the cut may differ from the twin's only where
-    that rounding decides it (relative 1e-16). 2-core host, 49,152 ids: 0.4 ms (peaked) to
-    2.0 ms (flat) for the partial sort of the largest 1,024 it replaced (then the whole row),
-    0.04-0.06 ms (peaked) and 0.15-0.5 ms (flat) here; the app's defaults at batch 8 on the
-    default model 366-382 -> 436-451 tok/s (BENCHMARKS.md)."""
+    that rounding decides it (relative 1e-16). 2-core host, 49,152 ids: 0.04-0.06 ms a peaked
+    row and 0.15-0.5 ms a flat one, where a partial sort of the largest 1,024 takes 0.4 ms and
+    a flat row's full sort 2.0 ms (BENCHMARKS.md: the app's defaults at batch 8)."""
     total = float(probs.sum(dtype=np.float64))
     if total <= 0.0:
         return 0.0
