@@ -82,9 +82,9 @@ async def run_clients(spec: dict[str, Any]) -> dict[str, Any]:
     limits = httpx.Limits(max_connections=len(requests) + 8, max_keepalive_connections=0)
     async with httpx.AsyncClient(headers=headers, limits=limits, timeout=None) as client:
         # One request before the start: a process's first httpx request holds its event loop
-        # for 90-140 ms (lazy set-up; H100 host, 8 processes), so its other clients started
-        # that much after the first and the run's first tokens waited on the clients, not the
-        # server. Users' clients are past their first request.
+        # for 90-140 ms (lazy set-up; H100 host, 8 processes), which would start its other
+        # clients that much late and time the clients, not the server. Users' clients are past
+        # their first request.
         await client.get(spec["url"] + "/models")
         t0 = spec.get("start_at") or time.monotonic()
         await asyncio.sleep(max(0.0, t0 - time.monotonic()))
