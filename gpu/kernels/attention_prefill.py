@@ -265,6 +265,12 @@ def _build(
         # Everything above read only the step's staged inputs; q and the KV cache come from the
         # kernels before this one (pdl.py).
         grid_dependency_sync()
+        if kv_end <= 0:  # a padding row of a captured decode graph (no context): zeros
+            for e in range(tid, nq * group * hd, nthreads):
+                j = e // (group * hd)
+                col = kvh * group * hd + e - j * group * hd
+                out[q_start + j0 + j, col] = f32_to_bf16(float32(0.0))
+            return
         # Q tile, scaled: row r is query token j0 + r // group, head kvh * group + r % group.
         for e in range(tid, rows * hd, nthreads):
             r = e // hd
@@ -446,6 +452,7 @@ def prefill_attention(
     part_o=None,
     part_ml=None,
     splits: int | None = None,
+    invariant: bool = False,
 ) -> None:
     """out [T, nh * hd] bf16: causal attention of every query row over its sequence's cache.
 
@@ -456,7 +463,13 @@ def prefill_attention(
 
     part_o / part_ml: float32 scratch of at least split_sizes(T, nh, hd, splits) elements: with
     them the narrow launch splits each query tile's keys `splits` ways (SPLITS by default) and a
-    merge launch combines them; without (or too small for T rows), it does not split."""
+    merge launch combines them; without (or too small for T rows), it does not split.
+
+    invariant: every sequence's rows, decode rows included (decode_rows is then ignored), take
+    the wide tiles, unsplit, in one launch. A row's arithmetic then depends on its position and
+    its context only: its KV tiles start at position 0 whatever its chunk, and the tiles past
+    its own position are masked whole (exp of -inf: they add exactly nothing). That is the
+    batch-invariant mode's attention (gpu/backends/cuda/batch_invariant.py)."""
     if num_seqs == 0 or max_query_len == 0:
         return
     block_size, nkv, hd = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
@@ -473,6 +486,11 @@ def prefill_attention(
     )  # fmt: skip
     if part_o is None or part_ml is None:  # (tests, benchmarks) no scratch: no split
         part_o = part_ml = cuda.device_array(1, np.float32, stream=stream)
+    if invariant:
+        kernel = get_kernel(hd, group, block_size, wide)
+        grid = (cdiv(max_query_len, wide.query_tokens(group)), nkv, num_seqs)
+        kernel[grid, wide.threads, stream](*args, 1, max_query_len, out, part_o, part_ml)
+        return
     # Sequences with at most `small` rows go narrow.
     bq_narrow = narrow.query_tokens(group)
     small = NARROW_TOKENS if narrow_tokens is None else narrow_tokens
