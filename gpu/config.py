@@ -28,6 +28,11 @@ class EngineConfig:
     # Threads of the cpu backend's products; None: every core the process may use (the app
     # leaves its UI one where there are more than two: chat_app.launch.app_cpu_threads).
     cpu_threads: int | None = None
+    # cuda: every op sums a row's numbers in an order that does not depend on the batch, so a
+    # seeded request gives the same tokens alone and among any others (vLLM's batch-invariant
+    # mode, opt-in there too: it costs speed; gpu/backends/cuda/batch_invariant.py). The cpu
+    # backend is batch-invariant always.
+    batch_invariant: bool = False
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

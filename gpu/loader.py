@@ -123,7 +123,7 @@ def create_engine(
 
     files = open_model(resolve_model(model, progress))
     config = config or EngineConfig()
-    backend = get_backend(device, config.precision, config.cpu_threads)
+    backend = get_backend(device, config.precision, config.cpu_threads, config.batch_invariant)
     if hasattr(backend, "use_weight_cache"):  # the cpu's quantized path: quantize once
         backend.use_weight_cache(files.folder)
     tensors = files.tensors()

@@ -22,10 +22,10 @@ from gpu.loader import build_engine
 from gpu.model_weights import random_hf_tensors
 
 
-def _engines(config, **engine_args):
+def _engines(config, cuda_backend=CudaBackend, **engine_args):
     tensors = {k: round_to_bf16(v) for k, v in random_hf_tensors(config, seed=3, std=0.1).items()}
     engines = []
-    for backend in (CpuBackend(), CudaBackend(debug=True)):
+    for backend in (CpuBackend(), cuda_backend(debug=True)):
         engines.append(
             build_engine(config, tensors.__getitem__, backend, EngineConfig(**engine_args))
         )
@@ -93,12 +93,26 @@ def test_engine_steps_through_the_tensor_core_gemv(monkeypatch):
     _compare_steps(config, PROMPTS[:2], block_size=4, budget=8, max_tokens=2)
 
 
-def _compare_steps(config, prompts, block_size: int, budget: int, max_tokens: int) -> None:
+def test_batch_invariant_engine_steps_match_the_cpu_backend():
+    """The batch-invariant mode's ops (gpu/backends/cuda/batch_invariant.py: every product in
+    whole chunks, every attention row through the wide prefill tiles, decode rows included)."""
+    from gpu.backends.cuda.batch_invariant import BatchInvariantCudaBackend
+
+    config = tiny_config(
+        num_hidden_layers=1, num_attention_heads=6, num_key_value_heads=2, head_dim=16,
+        hidden_size=48, intermediate_size=64, vocab_size=96,
+    )  # fmt: skip
+    _compare_steps(config, PROMPTS, 4, 8, 3, cuda_backend=BatchInvariantCudaBackend)
+
+
+def _compare_steps(
+    config, prompts, block_size: int, budget: int, max_tokens: int, cuda_backend=CudaBackend
+) -> None:
     """Both backends step the same requests: every sampling step's logits agree to 2e-2 of
     their largest, and the greedy tokens are the same."""
     cpu, gpu = _engines(
-        config, block_size=block_size, num_kv_blocks=24, max_num_batched_tokens=budget,
-        max_num_seqs=3,
+        config, cuda_backend, block_size=block_size, num_kv_blocks=24,
+        max_num_batched_tokens=budget, max_num_seqs=3,
     )  # fmt: skip
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     for engine in (cpu, gpu):

@@ -20,13 +20,18 @@ CPU_DEFAULT_PRECISION = "q8"
 
 
 def get_backend(
-    device: str = "auto", precision: str | None = None, cpu_threads: int | None = None
+    device: str = "auto",
+    precision: str | None = None,
+    cpu_threads: int | None = None,
+    batch_invariant: bool = False,
 ) -> Backend:
     """ "cpu", "cuda", or "auto" (cuda when a GPU is there, else cpu).
 
     On the cpu, `precision` picks the weights' form (EngineConfig.precision): "float32" is the
     numpy oracle, "q8" / "q4" the quantized path (None: CPU_DEFAULT_PRECISION); `cpu_threads`
-    its threads (None: every usable core). The cuda backend ignores both."""
+    its threads (None: every usable core). The cuda backend ignores both; `batch_invariant`
+    (EngineConfig.batch_invariant) picks its batch-invariant ops. The cpu backends are
+    batch-invariant as they are."""
     if device == "auto":
         device = "cuda" if cuda_available() else "cpu"
     if device == "cpu":
@@ -45,6 +50,10 @@ def get_backend(
                 "device 'cuda' asked for, but no NVIDIA GPU is visible to numba-cuda "
                 "(install tinychat[cuda] on a machine with a GPU, or use --device cpu)"
             )
+        if batch_invariant:
+            from gpu.backends.cuda.batch_invariant import BatchInvariantCudaBackend
+
+            return BatchInvariantCudaBackend()
         from gpu.backends.cuda import CudaBackend
 
         return CudaBackend()
