@@ -84,6 +84,15 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_batch_invariant_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="cuda: the same tokens from the same seed whatever else is running (slower ops; "
+        "the cpu is batch-invariant always)",
+    )
+
+
 def _add_sampling_arguments(parser: argparse.ArgumentParser, max_tokens: int | None) -> None:
     parser.add_argument("--max-tokens", type=int, default=max_tokens, help="new tokens at most")
     parser.add_argument("--temperature", type=float, default=None, help="0 is greedy")
@@ -118,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate one reply and print it")
     gen.add_argument("message", help="the user message (or the raw prompt with --raw)")
     _add_model_arguments(gen)
+    _add_batch_invariant_argument(gen)
     _add_sampling_arguments(gen, max_tokens=256)
     gen.add_argument("--raw", action="store_true", help="plain completion, no chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object at the end")
@@ -133,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server on the engine")
     _add_model_arguments(serve)
+    _add_batch_invariant_argument(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY`")
@@ -225,7 +236,10 @@ def _generate_client(args: argparse.Namespace, progress: ProgressPrinter):
     from gpu import EngineConfig
 
     config = EngineConfig(
-        max_model_len=args.max_model_len, max_num_seqs=8, precision=getattr(args, "precision", None)
+        max_model_len=args.max_model_len,
+        max_num_seqs=8,
+        precision=getattr(args, "precision", None),
+        batch_invariant=getattr(args, "batch_invariant", False),
     )
     if getattr(args, "no_engine_process", False):
         from gpu.engine_thread import EngineThread

@@ -78,6 +78,11 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
         "engine's, EngineConfig.async_scheduling); --no-async-scheduling: the serial engine",
     )
     p.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="cuda: the batch-invariant ops (EngineConfig.batch_invariant)",
+    )
+    p.add_argument(
         "--capture-at-start",
         action="store_true",
         help="cuda: capture every graph bucket before the workloads (default: lazily)",
@@ -119,7 +124,7 @@ def _build(args: argparse.Namespace):
     engine = build_engine(
         config,
         tensors.__getitem__,
-        get_backend(args.device, cfg.precision, cfg.cpu_threads),
+        get_backend(args.device, cfg.precision, cfg.cpu_threads, cfg.batch_invariant),
         cfg,
         model_name=f"{args.config} (random bf16 weights)",
         progress=_progress(args),

@@ -29,6 +29,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.enforce_eager,
         precision=getattr(args, "precision", None),
+        batch_invariant=getattr(args, "batch_invariant", False),
     )
     if getattr(args, "async_scheduling", None) is not None:
         config.async_scheduling = args.async_scheduling

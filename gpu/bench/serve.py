@@ -22,7 +22,8 @@ max_tokens long, equal to the engine's own output for that request in that run, 
 equal to the tokenizer's decoding of them; a lost, duplicated or interleaved token breaks one
 of the three. The same requests are also run alone, one at a time, and the streams that differ
 from their run alone are counted (with the first differing token): on the cpu backend, which
-is batch-invariant, they must not differ; on the GPU a batch of 64 and a batch of one round
+is batch-invariant, they must not differ, nor on the GPU with --batch-invariant
+(gpu/backends/cuda/batch_invariant.py); without it a batch of 64 and a batch of one round
 differently (GEMM vs GEMV), so a seeded sample may take another token where the top two were
 within rounding, and that is reported, not failed. The exit status is 1 if the check fails.
 
@@ -112,6 +113,7 @@ def _bench(args: argparse.Namespace, client: Any) -> dict[str, Any]:
     names = parse_sampling(getattr(args, "sampling", "greedy"))
     results: dict[str, Any] = {
         "device": engine.device,
+        "batch_invariant": engine.device == "cpu" or args.batch_invariant,
         "clients": args.clients,
         "http_stack": http_stack(),
         "sampling": {name: SETTINGS[name].describe() for name in names},
@@ -136,7 +138,7 @@ def _bench(args: argparse.Namespace, client: Any) -> dict[str, Any]:
                 alone,
                 engine.tokenizer,
                 args.new_tokens,
-                batch_invariant=engine.device == "cpu",
+                batch_invariant=engine.device == "cpu" or args.batch_invariant,
             )
     finally:
         server.stop()

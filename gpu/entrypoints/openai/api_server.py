@@ -283,6 +283,7 @@ def run_server(args: Any, progress: Any = None) -> int:
     config = EngineConfig(
         max_model_len=getattr(args, "max_model_len", None),
         precision=getattr(args, "precision", None),
+        batch_invariant=getattr(args, "batch_invariant", False),
     )
     engine_process = not getattr(args, "no_engine_process", False)
     client = build_engine_client(
