@@ -28,7 +28,8 @@ took() { echo "   ($(( SECONDS - $1 )) s)"; }
     timeout "${T_GRAPHS:-240}" python3 -m pytest -q -p no:cacheprovider tests/test_cuda_graphs.py \
       tests/test_async_scheduling.py tests/test_kernels_cuda_backend.py \
       tests/test_kernels_gemv.py tests/test_kernels_attention.py tests/test_kernels_sampling.py \
-      tests/test_kernels_elementwise.py tests/test_kernels_mma.py 2>&1 | tail -15
+      tests/test_kernels_elementwise.py tests/test_kernels_mma.py tests/test_batch_invariant_gpu.py \
+      2>&1 | tail -15
   fi
   for micro in ${MICRO:-bench_gemv bench_kernels bench_prefill}; do
     if [ -f "tests/device/$micro.py" ]; then
@@ -103,17 +104,19 @@ took() { echo "   ($(( SECONDS - $1 )) s)"; }
   if [ -z "${SKIP_SERVE:-}" ]; then
     # Issue 26: 64 streaming HTTP clients of `tinychat serve` beside the engine client alone,
     # greedy and the app's defaults (target: >= 0.9x its output tok/s), then 256 seeded
-    # streams each equal to its request run alone (no lost, duplicated or interleaved tokens).
+    # streams each equal to its request run alone (no lost, duplicated or interleaved tokens;
+    # the same tokens as alone needs the batch-invariant ops: EngineConfig.batch_invariant).
     # Needs the serve extra's wheels (the machine has none of them): tests/device/wheels.sh.
     echo "== bench serve llama-3.2-1b: ${CLIENTS:-64} HTTP clients vs the engine alone"
     t=$SECONDS
     timeout "${T_SERVE:-240}" $BENCH serve --config llama-3.2-1b --clients "${CLIENTS:-64}" \
       --new-tokens 512 --json "$OUT/bench_serve.json" 2>&1 | tail -9
     took $t
-    echo "== bench serve --check llama-3.2-1b: 256 seeded streams vs each alone"
+    echo "== bench serve --check --batch-invariant llama-3.2-1b: 256 seeded streams vs each alone"
     t=$SECONDS
-    timeout "${T_SERVE_CHECK:-240}" $BENCH serve --config llama-3.2-1b --clients 256 --check \
-      --new-tokens 32 --json "$OUT/bench_serve_check.json" 2>&1 | tail -6
+    timeout "${T_SERVE_CHECK:-290}" $BENCH serve --config llama-3.2-1b --clients 256 --check \
+      --batch-invariant --sampling greedy --new-tokens 128 \
+      --json "$OUT/bench_serve_check.json" 2>&1 | tail -8
     took $t
   fi
   # Issue 23: the app's cost to the engine. The first run writes the random weights to a
