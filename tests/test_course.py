@@ -50,6 +50,7 @@ CHAPTERS = [
     "The paged-attention kernel",
     "Sampling on the GPU",
     "The engine core and the server",
+    "Batch invariance",
 ]
 PARTS = ("**Read first**", "**Fast**", "**See it work**")
 
