@@ -10,7 +10,7 @@ split of K) by the row count; decode attention splits a context into a number of
 by the batch size; prompt chunks take narrow or wide tiles by their length and the step's
 sequence count, split or not. So the same seeded request, alone and among 255 others, differs
 in the last bits of its logits, and a sample whose top candidates were that close takes
-another token: 68 of 256 streams at 512 tokens differed from their runs alone on an H100
+another token: 68 of 256 streams of 32 tokens differed from their runs alone on an H100
 (`tinychat bench serve --check`, temperature 0.8, top-p 0.95).
 
 What the mode changes, op by op, so that a row's arithmetic depends on that row alone:
@@ -132,17 +132,10 @@ class BatchInvariantCudaBackend(CudaBackend):
         self.check("linear_residual")
 
     def attention(
-        self,
-        qkv: Any,
-        k_cache: Any,
-        v_cache: Any,
-        batch: ForwardBatch,
-        num_heads: int,
-        num_kv_heads: int,
-        head_dim: int,
-        scale: float,
-        out: Any,
-    ) -> None:
+        self, qkv, k_cache, v_cache, batch: ForwardBatch, num_heads, num_kv_heads, head_dim,
+        scale, out,
+    ) -> None:  # fmt: skip
+        """Every row through the prefill kernel's wide tiles, unsplit (decode rows too)."""
         attention_prefill.prefill_attention(
             qkv, k_cache, v_cache, batch.block_tables, batch.block_table_stride,
             batch.query_start_loc, batch.seq_lens, batch.num_seqs, batch.max_query_len,
