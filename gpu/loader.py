@@ -81,6 +81,9 @@ def build_engine(
     if precompile is not None and precompile(progress) is not None:  # None: nothing compiles
         report(progress, getattr(executor, "warm_up_stage", "warming up"), 0, 0)
         warm_up_request(engine)
+    if config.capture_graphs_at_start and hasattr(executor, "capture_all"):
+        report(progress, "capturing CUDA graphs", 0, 0)
+        executor.capture_all()
     return engine
 
 

@@ -190,3 +190,41 @@ def test_capture_all_runs_every_bucket_and_leaves_the_cache_alone():
     assert set(executor._decode_batches) == {1, 2}
     warmed = LLM(engine=warmed_engine).generate(prompts, params)
     assert [o.outputs[0].token_ids for o in warmed] == [o.outputs[0].token_ids for o in fresh]
+
+
+def test_capture_graphs_at_start_builds_every_decode_and_burst_bucket_before_ready():
+    """EngineConfig.capture_graphs_at_start (`tinychat serve`): the engine comes back with every
+    decode bucket and every prefill/mixed bucket of a burst (up to CAPTURE_MIXED_SEQS sequences
+    and CAPTURE_MIXED_TOKENS tokens) already run, and on a GPU captured with both samplers; its
+    tokens are a lazily capturing engine's."""
+    from gpu.backends.cuda import CudaBackend
+    from gpu.backends.cuda.executor import CAPTURE_MIXED_TOKENS
+
+    config = tiny_config(**SMALL)
+    tensors = random_hf_tensors(config, seed=5, std=0.3)
+
+    def build(at_start: bool):
+        engine_config = EngineConfig(
+            enforce_eager=not cuda_available(), num_kv_blocks=128, max_num_seqs=4,
+            max_num_batched_tokens=16, capture_graphs_at_start=at_start,
+        )  # fmt: skip
+        return build_engine(config, tensors.__getitem__, CudaBackend(), engine_config)
+
+    engine = build(True)
+    executor = engine.runner.executor
+    mixed = {
+        (t, s)
+        for t in executor.token_buckets
+        for s in executor.seq_buckets
+        if s <= t <= CAPTURE_MIXED_TOKENS
+    }
+    assert set(executor._mixed_batches) == mixed and set(executor._decode_batches) == {1, 2, 4}
+    if cuda_available():
+        want = {("decode", b, g) for b in (1, 2, 4) for g in (True, False)}
+        want |= {("mixed", t, s, g) for t, s in mixed for g in (True, False)}
+        assert want <= set(executor.graphs)
+    prompts = random_prompts(2, seed=8, low=2, high=12)
+    params = SamplingParams(temperature=0.8, seed=3, max_tokens=3, ignore_eos=True)
+    lazy = LLM(engine=build(False)).generate(prompts, params)
+    warmed = LLM(engine=engine).generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in warmed] == [o.outputs[0].token_ids for o in lazy]

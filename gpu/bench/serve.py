@@ -506,6 +506,7 @@ def _engine_client(args: argparse.Namespace, folder: str | None):
     from gpu.entrypoints.openai.async_engine import build_engine_client
 
     config = engine_config(args)
+    config.capture_graphs_at_start = True  # as `tinychat serve` starts its engine
     progress = getattr(args, "progress", None)
     client = build_engine_client(folder, args.device, config, progress=progress)
     if hasattr(progress, "finish"):

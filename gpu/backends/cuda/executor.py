@@ -54,6 +54,9 @@ from gpu.kernels.launch import SIMULATOR
 from gpu.sampling import SamplingMetadata
 
 _NONE = np.zeros(0, dtype=np.int32)
+# The prefill/mixed steps capture_all captures: a burst of up to 64 chat turns arriving
+# together (64 x 32-token turns and their decode rows fit 2,560 tokens).
+CAPTURE_MIXED_SEQS, CAPTURE_MIXED_TOKENS = 64, 2560
 
 
 @dataclass
@@ -385,13 +388,16 @@ class CudaExecutor:
         end.synchronize()
         return cuda.event_elapsed_time(start, end) / reps
 
-    def capture_all(self, mixed_max_seqs: int = 16) -> float:
+    def capture_all(
+        self, mixed_max_seqs: int = CAPTURE_MIXED_SEQS, mixed_max_tokens: int = CAPTURE_MIXED_TOKENS
+    ) -> float:
         """Capture every decode bucket, and the prefill/mixed buckets of up to mixed_max_seqs
-        sequences (all-greedy sampling), now instead of lazily; returns the seconds it took.
+        sequences and mixed_max_tokens tokens, each with both samplers, now instead of lazily
+        (EngineConfig.capture_graphs_at_start); returns the seconds it took.
 
         Each bucket runs once eagerly on an all-padding step (no KV write) to compile its
-        kernels and settle cuBLAS, then is captured. Prefill/mixed buckets of more sequences
-        (a burst of admissions) are still captured the first time they are used."""
+        kernels and settle cuBLAS, then is captured. Larger prefill/mixed buckets (a burst of
+        more admissions, long prompts) are still captured the first time they are used."""
         t0 = time.perf_counter()
         for bucket in self.buckets:
             self._wait_for_upload()  # the pinned staging is rewritten each time
@@ -400,11 +406,12 @@ class CudaExecutor:
             for greedy in (True, False):
                 self._run(("decode", bucket, greedy))
         for seqs in (b for b in self.seq_buckets if b <= mixed_max_seqs):
-            for tokens in self.token_buckets:
-                self._wait_for_upload()
-                self.inputs.pad_mixed(0, 0, 0, tokens, seqs)
-                self._upload_padding(self.inputs, seqs)
-                self._run(("mixed", tokens, seqs, True))
+            for tokens in (t for t in self.token_buckets if seqs <= t <= mixed_max_tokens):
+                for greedy in (True, False):
+                    self._wait_for_upload()
+                    self.inputs.pad_mixed(0, 0, 0, tokens, seqs)
+                    self._upload_padding(self.inputs, seqs)
+                    self._run(("mixed", tokens, seqs, greedy))
         self.backend.synchronize()
         return time.perf_counter() - t0
 

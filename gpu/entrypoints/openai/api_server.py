@@ -284,6 +284,7 @@ def run_server(args: Any, progress: Any = None) -> int:
         max_model_len=getattr(args, "max_model_len", None),
         precision=getattr(args, "precision", None),
         batch_invariant=getattr(args, "batch_invariant", False),
+        capture_graphs_at_start=True,  # a server starts once: no capture inside a reply
     )
     engine_process = not getattr(args, "no_engine_process", False)
     client = build_engine_client(
