@@ -36,7 +36,7 @@ class EngineConfig:
     # cuda: capture the CUDA graphs of every decode batch and of the prefill/mixed steps a
     # burst of chat turns makes (executor.CAPTURE_MIXED_SEQS / _TOKENS) before the engine is
     # ready, not the first time each comes up (an eager step and a capture then delay that
-    # step's tokens ~50 ms). Seconds more start-up: `tinychat serve` does it, the app does not.
+    # step's tokens ~50 ms). It lengthens start-up: `tinychat serve` does it, the app does not.
     capture_graphs_at_start: bool = False
 
     def __post_init__(self) -> None:
