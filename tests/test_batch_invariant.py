@@ -207,3 +207,21 @@ def test_the_invariant_backend_gives_a_request_the_same_logits_alone_and_in_a_ba
     for key, row in alone_rows.items():
         assert np.array_equal(batch_rows[key], row), f"request seed, output index {key}"
     assert batch_tokens == alone_tokens
+
+
+def test_the_flag_reaches_the_engine_of_serve_and_of_the_bench():
+    """`--batch-invariant` sets EngineConfig.batch_invariant for `tinychat serve` and the bench
+    (whose serve workload checks streams against their runs alone with it); a server also
+    captures its graphs at start. The cpu backend ignores both (it is invariant as it is)."""
+    from chat_app.cli import build_parser
+    from gpu.backends import get_backend
+    from gpu.bench.fixtures import engine_config
+    from gpu.entrypoints.openai.api_server import server_engine_config
+
+    parser = build_parser()
+    for flag, want in (([], False), (["--batch-invariant"], True)):
+        serve = server_engine_config(parser.parse_args(["serve", "--device", "cpu", *flag]))
+        assert serve.batch_invariant is want and serve.capture_graphs_at_start
+        bench = engine_config(parser.parse_args(["bench", "serve", "--device", "cpu", *flag]))
+        assert bench.batch_invariant is want and not bench.capture_graphs_at_start
+    assert get_backend("cpu", "float32", batch_invariant=True).name == "cpu"

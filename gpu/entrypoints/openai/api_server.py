@@ -275,17 +275,23 @@ class _Server(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def run_server(args: Any, progress: Any = None) -> int:
-    """`tinychat serve`: load the model, then serve until Ctrl+C."""
+def server_engine_config(args: Any) -> Any:
+    """The EngineConfig of `tinychat serve`'s command line."""
     from gpu.config import EngineConfig
-    from gpu.entrypoints.openai.async_engine import build_engine_client
 
-    config = EngineConfig(
+    return EngineConfig(
         max_model_len=getattr(args, "max_model_len", None),
         precision=getattr(args, "precision", None),
         batch_invariant=getattr(args, "batch_invariant", False),
         capture_graphs_at_start=True,  # a server starts once: no capture inside a reply
     )
+
+
+def run_server(args: Any, progress: Any = None) -> int:
+    """`tinychat serve`: load the model, then serve until Ctrl+C."""
+    from gpu.entrypoints.openai.async_engine import build_engine_client
+
+    config = server_engine_config(args)
     engine_process = not getattr(args, "no_engine_process", False)
     client = build_engine_client(
         args.model, args.device, config, progress=progress, engine_process=engine_process
