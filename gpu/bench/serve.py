@@ -111,9 +111,10 @@ def _bench(args: argparse.Namespace, client: Any) -> dict[str, Any]:
     engine = client.engine
     vocab = engine.vocab_size
     names = parse_sampling(getattr(args, "sampling", "greedy"))
+    invariant = engine.device == "cpu" or args.batch_invariant
     results: dict[str, Any] = {
         "device": engine.device,
-        "batch_invariant": engine.device == "cpu" or args.batch_invariant,
+        "batch_invariant": invariant,
         "clients": args.clients,
         "http_stack": http_stack(),
         "sampling": {name: SETTINGS[name].describe() for name in names},
@@ -138,7 +139,7 @@ def _bench(args: argparse.Namespace, client: Any) -> dict[str, Any]:
                 alone,
                 engine.tokenizer,
                 args.new_tokens,
-                batch_invariant=engine.device == "cpu" or args.batch_invariant,
+                batch_invariant=invariant,
             )
     finally:
         server.stop()

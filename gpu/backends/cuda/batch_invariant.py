@@ -66,14 +66,15 @@ class InvariantGemm:
         self._x = self._out_f32 = self._out_bf16 = None
 
     def reserve(self, max_k: int, max_n: int) -> None:
-        if max_k <= self.max_k and max_n <= self.max_n:
-            return
-        self.max_k, self.max_n = max(max_k, self.max_k), max(max_n, self.max_n)
-        c = self.rows
         # Zeros: the rows past a partial chunk are computed and dropped; zeros keep them finite.
-        self._x = cuda.to_device(np.zeros(c * self.max_k, np.uint16), stream=self.stream)
-        self._out_f32 = cuda.to_device(np.zeros(c * self.max_n, np.float32), stream=self.stream)
-        self._out_bf16 = cuda.to_device(np.zeros(c * self.max_n, np.uint16), stream=self.stream)
+        c = self.rows
+        if max_k > self.max_k:
+            self.max_k = max_k
+            self._x = cuda.to_device(np.zeros(c * max_k, np.uint16), stream=self.stream)
+        if max_n > self.max_n:
+            self.max_n = max_n
+            self._out_f32 = cuda.to_device(np.zeros(c * max_n, np.float32), stream=self.stream)
+            self._out_bf16 = cuda.to_device(np.zeros(c * max_n, np.uint16), stream=self.stream)
 
     def linear(self, x: Any, w: Any, out: Any, accumulate: bool = False) -> None:
         if not check_linear(x, w, out):
@@ -137,7 +138,7 @@ class BatchInvariantCudaBackend(CudaBackend):
         attention_prefill.prefill_attention(
             qkv, k_cache, v_cache, batch.block_tables, batch.block_table_stride,
             batch.query_start_loc, batch.seq_lens, batch.num_seqs, batch.max_query_len,
-            num_heads, scale, out, self.stream, part_o=self._prefill_o,
-            part_ml=self._prefill_ml, invariant=True,
+            num_heads, scale, out, self.stream, part_o=self._prefill_o,  # (unused unsplit;
+            part_ml=self._prefill_ml, invariant=True,  # passed, none is allocated in a step)
         )  # fmt: skip
         self.check("attention")

@@ -407,10 +407,10 @@ class CudaExecutor:
                 self._run(("decode", bucket, greedy))
         for seqs in (b for b in self.seq_buckets if b <= mixed_max_seqs):
             for tokens in (t for t in self.token_buckets if seqs <= t <= mixed_max_tokens):
+                self._wait_for_upload()
+                self.inputs.pad_mixed(0, 0, 0, tokens, seqs)
+                self._upload_padding(self.inputs, seqs)
                 for greedy in (True, False):
-                    self._wait_for_upload()
-                    self.inputs.pad_mixed(0, 0, 0, tokens, seqs)
-                    self._upload_padding(self.inputs, seqs)
                     self._run(("mixed", tokens, seqs, greedy))
         self.backend.synchronize()
         return time.perf_counter() - t0
