@@ -135,10 +135,11 @@ class BatchInvariantCudaBackend(CudaBackend):
         scale, out,
     ) -> None:  # fmt: skip
         """Every row through the prefill kernel's wide tiles, unsplit (decode rows too)."""
+        # The split scratch goes unused unsplit; passed so that no step allocates a stand-in.
         attention_prefill.prefill_attention(
             qkv, k_cache, v_cache, batch.block_tables, batch.block_table_stride,
             batch.query_start_loc, batch.seq_lens, batch.num_seqs, batch.max_query_len,
-            num_heads, scale, out, self.stream, part_o=self._prefill_o,  # (unused unsplit;
-            part_ml=self._prefill_ml, invariant=True,  # passed, none is allocated in a step)
+            num_heads, scale, out, self.stream, part_o=self._prefill_o,
+            part_ml=self._prefill_ml, invariant=True,
         )  # fmt: skip
         self.check("attention")
