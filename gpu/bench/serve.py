@@ -69,12 +69,16 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
 def run_serve_bench(args: argparse.Namespace) -> int:
     if args.url:
         return _bench_url(args)
-    client = _engine_client(args, _model_folder(args))
+    folder = _model_folder(args)
+    t0 = time.perf_counter()
+    client = _engine_client(args, folder)
+    ready_s = time.perf_counter() - t0
     try:
         results = _bench(args, client)
     finally:
         client.shutdown()
     results["model"] = args.config or args.model or "default"
+    results["engine_ready_s"] = ready_s  # start to ready, graphs captured (as `tinychat serve`)
     if args.json_path:
         with open(args.json_path, "w") as f:
             json.dump(results, f, indent=1)
@@ -454,6 +458,8 @@ def print_serve(r: dict[str, Any]) -> None:
     out = sys.stdout
     stack = f" (server: {r['http_stack']})" if "http_stack" in r else ""
     out.write(f"\nbench serve: {r['model']}, {r['clients']} concurrent streaming clients{stack}\n")
+    if "engine_ready_s" in r:
+        out.write(f"engine ready in {r['engine_ready_s']:.1f} s (graphs captured)\n")
     out.write(f"{'sampling':<10}{'path':<22}{'tok/s':>9}{'TTFT p50':>10}{'p99':>9}{'ITL p50':>9}"
               f"{'p99':>8}{'tokens':>9}{'errors':>7}{'x engine':>10}\n")  # fmt: skip
     busiest = []

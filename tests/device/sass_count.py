@@ -49,6 +49,7 @@ def main() -> None:
     p.add_argument("kernel")
     p.add_argument("--ptxas", required=True)
     p.add_argument("--nvdisasm", required=True)
+    p.add_argument("--dump", default=None, help="also write the whole SASS to this file")
     args = p.parse_args()
     import numba.cuda.dispatcher as dispatcher
     from numba import cuda
@@ -73,6 +74,8 @@ def main() -> None:
     sass = subprocess.run(
         [args.nvdisasm, "-c", cubin], capture_output=True, text=True, check=True
     ).stdout
+    if args.dump:
+        Path(args.dump).write_text(sass)
     loop = hottest_loop(sass)
     print(f"hottest loop: {sum(loop.values())} instructions")
     print(", ".join(f"{op} {n}" for op, n in loop.most_common()))
