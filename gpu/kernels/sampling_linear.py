@@ -30,6 +30,14 @@ buffer (thousands of scores within 0.024 of each other: equal logits) is left as
 radix digits run over the whole row as before, with the same result (the Gumbel-max over the
 row is a max: taking part of it twice changes nothing). Rows already compact after top-k
 skip both passes: the radix digits read their copy.
+
+Both passes are bound by the instructions an element costs, not by HBM (at batch 256 the
+split pass took 286 us where reading the row takes ~40), so their loops are kept lean: a row
+whose scores were written back scaled (scale 1: rows with a token state, the app's defaults)
+skips the division, and offsets are 32-bit from the row's start (no 64-bit index arithmetic
+and no negative-index wrap-around per load). H100, logits of std 1.3, batch 256: linear mass
+139 -> 115 us, linear split 286 -> 255. What is left of the split is mostly the Gumbel noise
+of the scores above the cut bin (186 us without it).
 """
 
 from __future__ import annotations
@@ -106,16 +114,23 @@ def linear_mass_kernel(logits, chunk_len, fparams, ticket, hist, rowf, rowi):
     top, min_bound, kth, scale = row_bounds(rowf, row)
     clear_bins(lo, hi, BINS)
     cuda.syncthreads()
+    unscaled = scale == float32(1.0)
     start, end = block_share(rowi, row, False, chunk_len, logits.shape[1])
+    scores = logits[row]  # 32-bit offsets from the row's start (the module docstring)
     xs = cuda.local.array(UNROLL, float32)
-    for base in range(start + tid, end, nt * UNROLL):
+    stop = uint32(end)
+    stride = uint32(nt)
+    last = stop - uint32(1)
+    base = uint32(start) + uint32(tid)
+    while base < stop:
         for u in range(UNROLL):
-            xs[u] = logits[row, min(base + u * nt, end - 1)]
+            xs[u] = scores[min(base + uint32(u) * stride, last)]
         for u in range(UNROLL):
-            x = xs[u] / scale
-            if base + u * nt < end and kept(x, min_bound, kth):
+            x = xs[u] if unscaled else xs[u] / scale
+            if base + uint32(u) * stride < stop and kept(x, min_bound, kth):
                 e = float32(math.exp(x - top))
                 add_mass(lo, hi, linear_bin(top, x), int64(float64(e) * MASS_SCALE + 0.5))
+        base += stride * uint32(UNROLL)
     cuda.syncthreads()
     flush_bins(lo, hi, hist, row, BINS)
     if not last_block(ticket, row, flag):
@@ -151,18 +166,24 @@ def linear_split_kernel(
     seed = uparams[U_SEED, row]
     step = uparams[U_STEP, row]
     top, min_bound, kth, scale = row_bounds(rowf, row)
-    cut = rowi[R_LINEAR_BIN, row]
+    unscaled = scale == float32(1.0)  # rows with a token state: scores written back scaled
+    cut = int32(rowi[R_LINEAR_BIN, row])
     capacity = cand_val.shape[1]
     start, end = block_share(rowi, row, False, chunk_len, logits.shape[1])
+    scores = logits[row]  # one row's view: 32-bit offsets from its start, not [row, v]
     cand = int64(NONE)
     xs = cuda.local.array(UNROLL, float32)
-    for base in range(start + tid, end, nt * UNROLL):
+    stop = uint32(end)
+    stride = uint32(nt)
+    last = stop - uint32(1)
+    base = uint32(start) + uint32(tid)
+    while base < stop:
         for u in range(UNROLL):
-            xs[u] = logits[row, min(base + u * nt, end - 1)]
+            xs[u] = scores[min(base + uint32(u) * stride, last)]
         for u in range(UNROLL):
-            v = base + u * nt
-            x = xs[u] / scale
-            keep = v < end and kept(x, min_bound, kth)
+            v = base + uint32(u) * stride
+            x = xs[u] if unscaled else xs[u] / scale
+            keep = v < stop and kept(x, min_bound, kth)
             b = linear_bin(top, x) if keep else int32(-1)
             if b > cut:
                 cand = max(cand, pack(x + gumbel(seed, step, v), v))
@@ -172,6 +193,7 @@ def linear_split_kernel(
                 if want and slot < capacity:
                     cand_val[row, slot] = xs[u]  # as stored: later passes divide by scale
                     cand_idx[row, slot] = v
+        base += stride * uint32(UNROLL)
     cand = block_max(buf, cand)
     if tid == 0 and cand >= 0:
         cuda.atomic.max(best, row, cand)
