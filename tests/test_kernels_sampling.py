@@ -43,6 +43,7 @@ from gpu.kernels.sampling import (
     sample,
     sampler_scratch,
 )
+from gpu.kernels.sampling_common import R_COUNT, THREADS
 from gpu.sampling import SamplingMetadata, uniform_from_counter
 from gpu.sampling import token_state as ts
 from gpu.sampling.numpy_sampler import sample as numpy_sample
@@ -283,6 +284,31 @@ def test_top_p_and_min_p(candidates):
         assert linear[[0, 2, 3, 7]].all()
     else:
         assert not linear[2]
+
+
+def test_top_p_large_copies():
+    """Flat rows whose two cut bins copy thousands of scores (more than 8 a thread of the
+    one-block select), a whole row tied, and a row with a token state (its scores written back
+    scaled: scale 1 in the linear passes): the twin's tokens, every row compact."""
+    rng, seed = fresh_rng()
+    vocab = 8 * THREADS + 77
+    logits = (rng.standard_normal((4, vocab)) * 0.01).astype(np.float32)  # flat: a few bins
+    logits[0] *= 0.2  # flatter still: nearly the whole row in the two cut bins
+    logits[1] = 0.25  # all equal: every score in the top bin, a tie at the cut
+    logits[2] = rng.standard_normal(vocab) * 1.3  # random weights' spread at T 0.7
+    rows = [
+        {"temperature": 1.0, "top_p": 0.5},
+        {"temperature": 1.0, "top_p": 0.5},
+        {"temperature": 0.7, "top_p": 0.9},
+        {"temperature": 0.8, "top_p": 0.3, "repetition": 1.1, "state_row": 0},  # scale 1
+    ]
+    scratch = sampler_scratch(len(rows), vocab)
+    _check(logits, _metadata(rows, rng), seed, scratch=scratch)
+    rowi = synced(scratch.rowi)
+    compact = (rowi[R_MODE, : len(rows)] & MODE_COMPACT) != 0
+    assert compact.all()
+    assert rowi[R_COUNT, 1] == vocab  # the tie: the whole row copied
+    assert (rowi[R_COUNT, : len(rows)] > 8 * THREADS).sum() >= 2, rowi[R_COUNT]
 
 
 @pytest.mark.parametrize("candidates", [CANDIDATES, 3])
