@@ -303,6 +303,63 @@ def test_serve_without_the_server_packages_says_what_to_install():
     )
 
 
+def test_a_port_in_use_fails_before_the_model_loads(monkeypatch, capsys):
+    import socket
+
+    import gpu.entrypoints.openai.async_engine as async_engine
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the port was checked")
+
+    monkeypatch.setattr(async_engine, "build_engine_client", no_load)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert tinychat_main(["serve", "--device", "cpu", "--port", str(port)]) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"tinychat: error: cannot listen on 127.0.0.1:{port}: Address already in use "
+        "(another server there? choose a port with --port)"
+    )
+
+
+def test_ctrl_c_twice_stops_the_server_without_a_traceback(default_model_dir: Path):
+    """The first Ctrl+C starts the graceful stop; a second one, impatient, ends it at once:
+    uvicorn then skips the app's shutdown, whose cancelled task it logged as a traceback."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    argv = ["serve", "--model", str(default_model_dir), "--device", "cpu", "--port", str(port),
+            "--max-model-len", str(CONTEXT)]  # fmt: skip
+    code = f"import sys; from chat_app.cli import main; sys.exit(main({argv!r}))"
+    server = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        wait_for(lambda: _healthy(port), "the server to answer /health", timeout=120)
+        server.send_signal(signal.SIGINT)
+        time.sleep(0.05)
+        server.send_signal(signal.SIGINT)
+        out, err = server.communicate(timeout=60)
+    finally:
+        server.kill()
+    assert "Traceback" not in err, err
+    assert err.strip().endswith("tinychat: interrupted"), err
+    assert server.returncode != 0
+
+
+def _healthy(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def test_return_token_ids_streams_ids_that_decode_to_the_text(served: Served, generated: dict):
     """vLLM's `return_token_ids`: the prompt's ids in the first chunk, each chunk's new ids in
     its choice; whole replies carry them all. The ids are the reply's, and decode to its text."""

@@ -226,17 +226,36 @@ def uvicorn_config(
     )
 
 
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The server's socket, bound (port 0: one the OS picks). `tinychat serve` binds it before
+    the model loads, so a port in use fails at once, not after a load of seconds to a minute.
+
+    IPPROTO_TCP named, not left 0: asyncio turns Nagle's algorithm off (TCP_NODELAY) only on
+    sockets that say they are TCP, and with it on, each token's small write waited for the
+    client's delayed ACK (40 ms)."""
+    try:
+        family, _, _, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as error:
+        raise OSError(f"cannot listen on {host}: {error.strerror} (--host)") from None
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as error:
+        sock.close()
+        hint = " (another server there? choose a port with --port)" if port else ""
+        raise OSError(f"cannot listen on {host}:{port}: {error.strerror}{hint}") from None
+    return sock
+
+
 class ServerThread:
     """The server in a background thread of this process, on a port the OS picks (the tests,
     `tinychat bench serve`). `url` is its base, e.g. http://127.0.0.1:41234/v1."""
 
     def __init__(self, app: Starlette, host: str = "127.0.0.1") -> None:
-        # IPPROTO_TCP named, not left 0: asyncio turns Nagle's algorithm off (TCP_NODELAY)
-        # only on sockets that say they are TCP, and with it on, each token's small write
-        # waited for the client's delayed ACK (40 ms).
-        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._socket.bind((host, 0))
+        self._socket = listening_socket(host, 0)
         port = self._socket.getsockname()[1]
         config = uvicorn_config(app, host, port, access_log=False, log_level="warning")
         self.server = _Server(config, app)
@@ -273,6 +292,11 @@ class _Server(uvicorn.Server):
         if engine is not None:
             engine.abort_all()
         await super().shutdown(sockets)
+        if self.force_exit:
+            # A second Ctrl+C makes uvicorn skip the app's shutdown; its lifespan task would
+            # then be cancelled at exit and logged as a traceback. The streams are ended
+            # already, so the shutdown is quick: run it.
+            await self.lifespan.shutdown()
 
 
 def server_engine_config(args: Any) -> Any:
@@ -288,7 +312,15 @@ def server_engine_config(args: Any) -> Any:
 
 
 def run_server(args: Any, progress: Any = None) -> int:
-    """`tinychat serve`: load the model, then serve until Ctrl+C."""
+    """`tinychat serve`: bind the port, load the model, then serve until Ctrl+C."""
+    sock = listening_socket(args.host, args.port)  # a port in use fails before the load
+    try:
+        return _load_and_serve(args, sock, progress)
+    finally:
+        sock.close()
+
+
+def _load_and_serve(args: Any, sock: socket.socket, progress: Any) -> int:
     from gpu.entrypoints.openai.async_engine import build_engine_client
 
     config = server_engine_config(args)
@@ -309,7 +341,7 @@ def run_server(args: Any, progress: Any = None) -> int:
             + (" (API key required)" if args.api_key else ""),
             flush=True,
         )
-        _Server(uvicorn_config(app, args.host, args.port), app).run()
+        _Server(uvicorn_config(app, args.host, args.port), app).run(sockets=[sock])
     finally:
         client.shutdown()
     return 0
