@@ -79,11 +79,16 @@ def run_serve_bench(args: argparse.Namespace) -> int:
         client.shutdown()
     results["model"] = args.config or args.model or "default"
     results["engine_ready_s"] = ready_s  # start to ready, graphs captured (as `tinychat serve`)
+    _report(args, results)
+    return 0 if not results.get("check") or results["check"]["ok"] else 1
+
+
+def _report(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    """The results to --json (if given) and as the table."""
     if args.json_path:
         with open(args.json_path, "w") as f:
             json.dump(results, f, indent=1)
     print_serve(results)
-    return 0 if not results.get("check") or results["check"]["ok"] else 1
 
 
 def _bench_url(args: argparse.Namespace) -> int:
@@ -101,10 +106,7 @@ def _bench_url(args: argparse.Namespace) -> int:
         requests = _requests(args, None, args.check, seed=10 * i, setting=name)
         http = _run_clients(_spec(args.url, args.api_key, requests))
         results["settings"][name] = {"http": _summary(http, args.new_tokens)}
-    if args.json_path:
-        with open(args.json_path, "w") as f:
-            json.dump(results, f, indent=1)
-    print_serve(results)
+    _report(args, results)
     return 0
 
 
