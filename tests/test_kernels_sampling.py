@@ -375,12 +375,12 @@ def test_chunking():
 def _uniform_kernel(seeds, tokens, step, out):
     i = cuda.grid(1)
     if i < out.shape[0]:
-        out[i] = sampling.uniform(seeds[i], step, tokens[i])
+        out[i] = sampling.uniform(sampling.row_key(seeds[i], step), tokens[i])
 
 
 def test_uniform_matches_rng_and_is_never_one():
-    """The kernel's uniform is rng.uniform_from_counter (23 bits + 1/2 over 2**23): the top
-    value stays below 1 in float32, so the Gumbel noise is finite."""
+    """The kernel's row key and uniform are rng.uniform_from_counter (23 bits + 1/2 over
+    2**23): the top value stays below 1 in float32, so the Gumbel noise is finite."""
     rng, seed = fresh_rng()
     seeds = rng.integers(0, 2**63, 50).astype(np.uint64)
     tokens = rng.integers(0, 200_000, 50).astype(np.uint64)

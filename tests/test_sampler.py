@@ -19,7 +19,7 @@ from gpu.sampling.numpy_sampler import (
     sample,
     top_p_threshold,
 )
-from gpu.sampling.rng import MIX1, MIX2, SEED_MUL, STEP_MUL, TOKEN_MUL
+from gpu.sampling.rng import MIX1, MIX2, SEED_MUL, STEP_MUL, row_key, token_hash
 from gpu.sampling.token_state import (
     BAN_BIT,
     PROMPT_BIT,
@@ -197,26 +197,24 @@ def _unhash(x: int) -> int:
     return unxorshift(x, 30)
 
 
-def _seed_for(x: int, step: int, token: int) -> int:
-    """A seed whose (seed, step, token) counter hashes to x."""
+def _seed_for(h: int, step: int, token: int) -> int:
+    """A seed whose (seed, step) row key gives `token` the 32-bit hash h: the key's low word 0,
+    its high word h minus lowbias32 of the spread token (rng.token_hash), then the inverse of
+    the row's mixing."""
     mask = (1 << 64) - 1
-    h = (_unhash(x) - step * int(STEP_MUL) - token * int(TOKEN_MUL)) & mask
-    return (h * pow(int(SEED_MUL), -1, 1 << 64)) & mask
+    spread = token_hash(np.uint64(0), np.uint64(token))  # lowbias32(token * TOKEN_MUL)
+    key = ((h - int(spread)) & 0xFFFFFFFF) << 32
+    pre = (_unhash(key) - step * int(STEP_MUL)) & mask
+    return (pre * pow(int(SEED_MUL), -1, 1 << 64)) & mask
 
 
 def _old_uniform(seed: int, step: int, token: int) -> np.float32:
     """The formula this one replaced: the top 24 bits + 0.5, over 2**24, in float32."""
-    mask = (1 << 64) - 1
-    x = (seed * int(SEED_MUL) + step * int(STEP_MUL) + token * int(TOKEN_MUL)) & mask
-    x ^= x >> 30
-    x = (x * int(MIX1)) & mask
-    x ^= x >> 27
-    x = (x * int(MIX2)) & mask
-    x ^= x >> 31
-    return (np.float32(x >> 40) + np.float32(0.5)) / np.float32(2**24)
+    h = token_hash(row_key(np.uint64(seed), np.uint64(step)), np.uint64(token))
+    return (np.float32(int(h) >> 8) + np.float32(0.5)) / np.float32(2**24)
 
 
-EXTREMES = [(1 << 64) - 1, ((1 << 64) - 1) ^ ((1 << 41) - 1), (1 << 41) - 1, 0, 1 << 63]
+EXTREMES = [(1 << 32) - 1, ((1 << 32) - 1) ^ ((1 << 9) - 1), (1 << 9) - 1, 0, 1 << 31]
 
 
 @pytest.mark.parametrize("x", EXTREMES)
@@ -225,7 +223,8 @@ def test_uniforms_of_the_extreme_counters_stay_inside_zero_one(x):
     seed = _seed_for(x, step, token)
     u = uniform_from_counter(np.uint64(seed), np.uint64(step), np.uint64(token))
     assert 0.0 < u < 1.0
-    assert u == (np.float32(x >> 41) + np.float32(0.5)) / np.float32(2**23)  # the hash is x
+    assert token_hash(row_key(np.uint64(seed), np.uint64(step)), np.uint64(token)) == x
+    assert u == (np.float32(x >> 9) + np.float32(0.5)) / np.float32(2**23)
     noise = gumbel_noise(seed, step, 8)
     assert np.isfinite(noise).all()
     assert -3.0 < noise[token] < 17.0  # -log(-log(u)) for u in [2**-24, 1 - 2**-24]
@@ -236,7 +235,7 @@ def test_a_cold_temperature_never_picks_a_token_for_infinite_noise():
     noise forced token 5 whatever the logits. Now it is an ordinary draw: at temperature 0.05 a
     logit 10 below the top cannot win (the noise spans less than 20)."""
     step, token = 17, 5
-    seed = _seed_for((1 << 64) - 1, step, token)
+    seed = _seed_for((1 << 32) - 1, step, token)
     assert _old_uniform(seed, step, token) == 1.0  # the bug this guards against
     logits = np.zeros((1, 8), np.float32)
     logits[0, 2] = 10.0

@@ -107,6 +107,7 @@ from gpu.kernels.sampling_common import (
     U_SEED,
     U_STEP,
     UNROLL,
+    row_key,
     uniform,
 )
 from gpu.kernels.sampling_draw import gumbel_kernel
@@ -164,6 +165,7 @@ __all__ = [
     "linear_split_kernel",
     "radix_count_kernel",
     "radix_mass_kernel",
+    "row_key",
     "sample",
     "sampler_scratch",
     "scores_kernel",

@@ -26,7 +26,7 @@ from numba import cuda, float32, float64, int32, int64, uint16, uint32, uint64
 
 from gpu.kernels.bf16 import ordered_key
 from gpu.kernels.launch import MAX_THREADS, SIMULATOR, device_function, threads
-from gpu.sampling.rng import MIX1, MIX2, SEED_MUL, STEP_MUL, TOKEN_MUL
+from gpu.sampling.rng import LOW1, LOW2, MIX1, MIX2, SEED_MUL, STEP_MUL, TOKEN_MUL
 
 NEG_INF = float32(-math.inf)
 # The token state's cells (gpu/sampling/token_state.py).
@@ -56,37 +56,59 @@ NONE = -1  # the packed-max slot's empty value
 
 if SIMULATOR:
     _MASK64 = (1 << 64) - 1
+    _MASK32 = (1 << 32) - 1
 
-    def uniform(seed, step, token):
-        """rng.uniform_from_counter for one token, in Python integers (no overflow warnings)."""
-        x = int(seed) * int(SEED_MUL) + int(step) * int(STEP_MUL) + int(token) * int(TOKEN_MUL)
-        x &= _MASK64
+    def row_key(seed, step):
+        """rng.row_key for one row, in Python integers (no overflow warnings)."""
+        x = (int(seed) * int(SEED_MUL) + int(step) * int(STEP_MUL)) & _MASK64
         x ^= x >> 30
         x = (x * int(MIX1)) & _MASK64
         x ^= x >> 27
         x = (x * int(MIX2)) & _MASK64
-        x ^= x >> 31
-        return (np.float32(x >> 41) + np.float32(0.5)) / np.float32(2**23)
+        return x ^ (x >> 31)
+
+    def uniform(key, token):
+        """rng.uniform_from_counter for one token of a keyed row, in Python integers."""
+        x = ((int(token) * int(TOKEN_MUL)) & _MASK32) ^ (int(key) & _MASK32)
+        x ^= x >> 16
+        x = (x * int(LOW1)) & _MASK32
+        x ^= x >> 15
+        x = (x * int(LOW2)) & _MASK32
+        x ^= x >> 16
+        x = (x + (int(key) >> 32)) & _MASK32
+        return (np.float32(x >> 9) + np.float32(0.5)) / np.float32(2**23)
 
 else:
 
     @device_function
-    def uniform(seed, step, token):
-        """rng.uniform_from_counter for one token: uint64 arithmetic wraps as numpy's does; 23
-        bits plus one half over 2**23, exact in float32, so never 0 or 1."""
-        x = seed * SEED_MUL + step * STEP_MUL + uint64(token) * TOKEN_MUL
+    def row_key(seed, step):
+        """rng.row_key: the row's 64-bit key, once per row (uint64 wraps as numpy's does)."""
+        x = seed * SEED_MUL + step * STEP_MUL
         x ^= x >> uint64(30)
         x *= MIX1
         x ^= x >> uint64(27)
         x *= MIX2
-        x ^= x >> uint64(31)
-        return (float32(x >> uint64(41)) + float32(0.5)) / float32(8388608.0)
+        return x ^ (x >> uint64(31))
+
+    @device_function
+    def uniform(key, token):
+        """rng.uniform_from_counter for one token of a keyed row: 32-bit arithmetic a token
+        (the 64-bit mixing is the row's, once), 23 bits plus one half over 2**23, exact in
+        float32, so never 0 or 1."""
+        x = uint32(uint32(token) * TOKEN_MUL) ^ uint32(key & uint64(0xFFFFFFFF))
+        x = uint32(x ^ (x >> uint32(16)))  # (Numba widens uint32 arithmetic to 64 bits:
+        x = uint32(x * LOW1)  # every step is cut back to 32, so the SASS stays 32-bit)
+        x = uint32(x ^ (x >> uint32(15)))
+        x = uint32(x * LOW2)
+        x = uint32(x ^ (x >> uint32(16)))
+        x = uint32(x + uint32(key >> uint64(32)))
+        return (float32(uint32(x >> uint32(9))) + float32(0.5)) / float32(8388608.0)
 
 
 @device_function
-def gumbel(seed, step, token):
-    """Gumbel(0, 1) noise of one token: -log(-log(u)), float32."""
-    return -math.log(-math.log(float32(uniform(seed, step, token))))
+def gumbel(key, token):
+    """Gumbel(0, 1) noise of one token of a keyed row: -log(-log(u)), float32."""
+    return -math.log(-math.log(float32(uniform(key, token))))
 
 
 @device_function

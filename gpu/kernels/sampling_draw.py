@@ -35,6 +35,7 @@ from gpu.kernels.sampling_common import (
     load,
     pack,
     row_bounds,
+    row_key,
 )
 
 
@@ -52,8 +53,7 @@ def gumbel_kernel(
     buf = cuda.shared.array(SLOTS, int64)
     flag = cuda.shared.array(1, int32)
     tid = cuda.threadIdx.x
-    seed = uparams[U_SEED, row]
-    step = uparams[U_STEP, row]
+    key = row_key(uparams[U_SEED, row], uparams[U_STEP, row])
     top, min_bound, kth, scale = row_bounds(rowf, row)
     p_t = rowf[R_P_T, row]
     z = rowf[R_Z, row]
@@ -70,7 +70,7 @@ def gumbel_kernel(
             v = vs[u]
             if base + u * nt < end and kept(x, min_bound, kth):
                 if p_t == 0 or float32(math.exp(x - top)) / z >= p_t:
-                    cand = max(cand, pack(x + gumbel(seed, step, v), v))
+                    cand = max(cand, pack(x + gumbel(key, v), v))
     cand = block_max(buf, cand)
     if tid == 0 and cand >= 0:
         cuda.atomic.max(best, row, cand)

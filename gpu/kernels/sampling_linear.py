@@ -74,6 +74,7 @@ from gpu.kernels.sampling_common import (
     last_block,
     pack,
     row_bounds,
+    row_key,
 )
 from gpu.kernels.sampling_histogram import (
     add_mass,
@@ -163,8 +164,7 @@ def linear_split_kernel(
     if tid == 0:
         full[0] = 0
     cuda.syncthreads()
-    seed = uparams[U_SEED, row]
-    step = uparams[U_STEP, row]
+    key = row_key(uparams[U_SEED, row], uparams[U_STEP, row])
     top, min_bound, kth, scale = row_bounds(rowf, row)
     unscaled = scale == float32(1.0)  # rows with a token state: scores written back scaled
     cut = int32(rowi[R_LINEAR_BIN, row])
@@ -186,7 +186,7 @@ def linear_split_kernel(
             keep = v < stop and kept(x, min_bound, kth)
             b = linear_bin(top, x) if keep else int32(-1)
             if b > cut:
-                cand = max(cand, pack(x + gumbel(seed, step, v), v))
+                cand = max(cand, pack(x + gumbel(key, v), v))
             if full[0] == 0:
                 want = b == cut or b == cut - 1
                 slot = claim_slot(rowi, row, want, capacity, full)

@@ -68,6 +68,7 @@ from gpu.kernels.sampling_common import (
     gumbel,
     last_block,
     pack,
+    row_key,
 )
 from gpu.kernels.sampling_histogram import clear_bins, find_bin, flush_bins, read_histogram
 
@@ -85,7 +86,7 @@ def apply_state(x, cell, ban, repetition, presence, frequency):
 
 
 @device_function
-def score_candidate(logits, row, v, x, greedy, truncate, prescale, temperature, seed, step):
+def score_candidate(logits, row, v, x, greedy, truncate, prescale, temperature, key):
     """Pass 1 after the state: a greedy row's logit, a temperature row's noisy score, or a
     truncating row's scaled score (written back where the state changed it), packed; NONE for
     a non-finite score."""
@@ -95,7 +96,7 @@ def score_candidate(logits, row, v, x, greedy, truncate, prescale, temperature, 
             if prescale:
                 logits[row, v] = x
         elif finite(x):
-            x = x + gumbel(seed, step, v)
+            x = x + gumbel(key, v)
     if greedy or finite(x):
         return pack(x, v)
     return int64(NONE)
@@ -127,8 +128,7 @@ def scores_kernel(
     top_k = iparams[I_TOP_K, row]
     state_row = iparams[I_STATE_ROW, row]
     ban = iparams[I_BAN_ACTIVE, row] != 0
-    seed = uparams[U_SEED, row]
-    step = uparams[U_STEP, row]
+    key = row_key(uparams[U_SEED, row], uparams[U_STEP, row])
     greedy = temperature == 0
     truncate = not greedy and (min_p > 0 or top_k > 0 or top_p < 1)
     fold = truncate and top_k > 0  # top-k's first digit, counted here (see the docstring)
@@ -153,7 +153,7 @@ def scores_kernel(
                 if state_row >= 0:
                     x = apply_state(x, cells[u], ban, repetition, presence, frequency)
                 c = score_candidate(
-                    logits, row, v, x, greedy, truncate, state_row >= 0, temperature, seed, step
+                    logits, row, v, x, greedy, truncate, state_row >= 0, temperature, key
                 )
                 cand = max(cand, c)
                 if fold and c >= 0:  # a finite scaled score: its key's top 11 bits
