@@ -13,7 +13,7 @@ import pytest
 from kernel_helpers import INT_POISON, fresh_rng, gpu_code_path, poisoned, synced
 from numba import cuda
 
-from gpu.kernels import block_reduce, sampling
+from gpu.kernels import block_reduce, sampling, sampling_common
 from gpu.kernels.argmax import CHUNK, WIDE_CHUNK, WIDE_ROWS, argmax_rows, argmax_scratch_size
 from gpu.kernels.sampling import (
     CANDIDATES,
@@ -45,6 +45,7 @@ from gpu.kernels.sampling import (
 )
 from gpu.kernels.sampling_common import R_COUNT, THREADS
 from gpu.sampling import SamplingMetadata, uniform_from_counter
+from gpu.sampling import rng as rng_mod
 from gpu.sampling import token_state as ts
 from gpu.sampling.numpy_sampler import sample as numpy_sample
 from gpu.sampling.numpy_sampler import top_p_threshold
@@ -354,12 +355,83 @@ def test_one_row_reused_scratch_and_many_draws():
 
 
 def test_gpu_code_path():
-    """block_reduce's warp-shuffle reduction (the GPU's), shuffles emulated in the simulator."""
+    """block_reduce's warp-shuffle reduction and the noise filter's shared bar (the GPU's),
+    shuffles emulated in the simulator; a top-p row draws above its cut bin with the filter."""
     rng, seed = fresh_rng()
-    logits = (rng.standard_normal((2, MIN_CHUNK + 3)) * 2).astype(np.float32)
-    rows = [{"temperature": 1.0, "top_k": 4, "top_p": 0.9}, {}]
-    with gpu_code_path(block_reduce):
+    logits = (rng.standard_normal((3, MIN_CHUNK + 3)) * 2).astype(np.float32)
+    rows = [{"temperature": 1.0, "top_k": 4, "top_p": 0.9}, {}, {"temperature": 1.0, "top_p": 0.9}]
+    with gpu_code_path(block_reduce, sampling_common):
         _check(logits, _metadata(rows, rng), seed)
+
+
+@cuda.jit
+def _noisy_pack_kernel(xs, bars, tokens, key, got, exact):
+    i = cuda.grid(1)
+    if i < xs.shape[0]:
+        got[i] = sampling_common.noisy_pack(xs[i], tokens[i], key, bars[i])
+        exact[i] = sampling_common.pack(xs[i] + sampling_common.gumbel(key, tokens[i]), tokens[i])
+
+
+def test_noisy_pack_skips_only_what_cannot_reach_the_bar():
+    """The noise filter against the exact draw: where it returns NONE the exact noisy score is
+    under the bar (so it could not be the row's max), elsewhere it is the exact packed score.
+    Bars at random distances, and right at the edge: the exact score itself, a rounding above
+    and below it, and the slack's size either side; logits up to 1e4 (the slack scales)."""
+    rng, seed = fresh_rng()
+    n = 4096
+    key = rng_mod.row_key(np.uint64(rng.integers(0, 2**63)), np.uint64(rng.integers(0, 1000)))
+    tokens = rng.integers(0, 200_000, n).astype(np.int32)
+    scale = np.where(np.arange(n) % 8 == 0, 1e4, 3.0).astype(np.float32)
+    xs = (rng.standard_normal(n) * scale).astype(np.float32)
+    d_xs, d_tokens = cuda.to_device(xs), cuda.to_device(tokens)
+
+    def run(bars: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        got, exact = poisoned((n,), np.int64), poisoned((n,), np.int64)
+        _noisy_pack_kernel[n // 64, 64](
+            d_xs, cuda.to_device(bars.astype(np.float32)), d_tokens, np.uint64(key), got, exact
+        )
+        return synced(got), synced(exact)
+
+    _, exact = run(np.full(n, -np.inf, np.float32))
+    values = _key_values(exact >> 31)  # each exact noisy score
+    edge = np.array([0.0, 1e-7, -1e-7, 1e-3, -1e-3, 3e-3, -3e-3, 0.5], np.float32)
+    bars = (xs + rng.uniform(-2.0, 22.0, n)).astype(np.float32)
+    at_edge = np.flatnonzero(np.arange(n) % 2 == 1)
+    e = edge[at_edge % len(edge)]
+    bars[at_edge] = values[at_edge] * (1 + e) + e
+    bars[:4] = [-np.inf, values[1], xs[2] + 100, xs[3] - 100]
+    got, again = run(bars)
+    assert np.array_equal(again, exact)
+    skipped = got == NONE
+    assert (values[skipped] < bars[skipped]).all(), f"KERNEL_TEST_SEED={seed}"
+    assert np.array_equal(got[~skipped], exact[~skipped]), f"KERNEL_TEST_SEED={seed}"
+    assert not skipped[:2].any() and skipped[2] and not skipped[3]
+    assert skipped.mean() > 0.4  # it does skip: most random bars are out of reach
+
+
+def _key_values(keys: np.ndarray) -> np.ndarray:
+    """bf16.key_to_f32 on the host: the float32 values of ordered keys."""
+    keys = keys.astype(np.int64)
+    bits = np.where(keys & 0x80000000, keys & 0x7FFFFFFF, 0xFFFFFFFF - keys)
+    return bits.astype(np.uint32).view(np.float32)
+
+
+def test_temperature_rows_on_the_gpu_code_path():
+    """Temperature-only rows, the warp sharing its best noisy score through shuffles (emulated
+    here): flat rows where the noise decides, a cold row (most scores far under the bar), huge
+    logits, -inf entries; several steps. Tokens equal the twin's."""
+    rng, seed = fresh_rng()
+    vocab = MIN_CHUNK + 37
+    logits = (rng.standard_normal((5, vocab)) * 3).astype(np.float32)
+    logits[0] = 0.5  # all equal: the noise alone decides
+    logits[3] += 1e4
+    logits[4, rng.integers(0, vocab, 50)] = -np.inf
+    rows = [{"temperature": t} for t in (1.0, 1.0, 0.05, 0.7, 1.3)]
+    with gpu_code_path(block_reduce, sampling_common):
+        for step in range(3):
+            md = _metadata(rows, rng)
+            md.step[:] = step
+            _check(logits, md, seed)
 
 
 def test_chunking():

@@ -25,6 +25,7 @@ import numpy as np
 from numba import cuda, float32, float64, int32, int64, uint16, uint32, uint64
 
 from gpu.kernels.bf16 import ordered_key
+from gpu.kernels.block_reduce import warp_max
 from gpu.kernels.launch import MAX_THREADS, SIMULATOR, device_function, threads
 from gpu.sampling.rng import LOW1, LOW2, MIX1, MIX2, SEED_MUL, STEP_MUL, TOKEN_MUL
 
@@ -53,6 +54,7 @@ R_MODE, R_PREFIX, R_REMAIN, R_COUNT, R_DIGIT, R_LINEAR_BIN = range(6)
 MODE_TRUNCATE, MODE_TOP_K, MODE_TOP_P, MODE_COMPACT, MODE_LINEAR = 1, 2, 4, 8, 16
 CANDIDATES = 8192  # scores a row's copy holds (SamplerScratch.cand_val)
 NONE = -1  # the packed-max slot's empty value
+NOISE_CAP = float32(16.7)  # above any Gumbel noise: -log(-log(1 - 2**-24)) = 16.64
 
 if SIMULATOR:
     _MASK64 = (1 << 64) - 1
@@ -67,18 +69,21 @@ if SIMULATOR:
         x = (x * int(MIX2)) & _MASK64
         return x ^ (x >> 31)
 
-    def uniform(key, token):
-        """rng.uniform_from_counter for one token of a keyed row, in Python integers."""
+    def noise_bits(key, token):
+        """The top 23 bits of rng.token_hash, in Python integers."""
         x = ((int(token) * int(TOKEN_MUL)) & _MASK32) ^ (int(key) & _MASK32)
         x ^= x >> 16
         x = (x * int(LOW1)) & _MASK32
         x ^= x >> 15
         x = (x * int(LOW2)) & _MASK32
         x ^= x >> 16
-        x = (x + (int(key) >> 32)) & _MASK32
-        return (np.float32(x >> 9) + np.float32(0.5)) / np.float32(2**23)
+        return ((x + (int(key) >> 32)) & _MASK32) >> 9
+
+    def fast_exp(x):
+        return np.float32(math.exp(x))
 
 else:
+    from numba.cuda import libdevice
 
     @device_function
     def row_key(seed, step):
@@ -91,24 +96,78 @@ else:
         return x ^ (x >> uint64(31))
 
     @device_function
-    def uniform(key, token):
-        """rng.uniform_from_counter for one token of a keyed row: 32-bit arithmetic a token
-        (the 64-bit mixing is the row's, once), 23 bits plus one half over 2**23, exact in
-        float32, so never 0 or 1."""
+    def noise_bits(key, token):
+        """The top 23 bits of rng.token_hash: 32-bit arithmetic a token (the 64-bit mixing is
+        the row's, once)."""
         x = uint32(uint32(token) * TOKEN_MUL) ^ uint32(key & uint64(0xFFFFFFFF))
         x = uint32(x ^ (x >> uint32(16)))  # (Numba widens uint32 arithmetic to 64 bits:
         x = uint32(x * LOW1)  # every step is cut back to 32, so the SASS stays 32-bit)
         x = uint32(x ^ (x >> uint32(15)))
         x = uint32(x * LOW2)
         x = uint32(x ^ (x >> uint32(16)))
-        x = uint32(x + uint32(key >> uint64(32)))
-        return (float32(uint32(x >> uint32(9))) + float32(0.5)) / float32(8388608.0)
+        return uint32(uint32(x + uint32(key >> uint64(32))) >> uint32(9))
+
+    @device_function
+    def fast_exp(x):
+        """exp by ex2.approx (relative error ~2**-21): for noise_reaches' bounds only."""
+        return libdevice.fast_expf(x)
+
+
+@device_function
+def uniform_of(bits):
+    """rng.uniform_from_counter from the 23 bits: one half over 2**23 added, exact in float32,
+    so never 0 or 1."""
+    return (float32(bits) + float32(0.5)) / float32(8388608.0)
+
+
+@device_function
+def uniform(key, token):
+    """rng.uniform_from_counter for one token of a keyed row."""
+    return uniform_of(noise_bits(key, token))
 
 
 @device_function
 def gumbel(key, token):
     """Gumbel(0, 1) noise of one token of a keyed row: -log(-log(u)), float32."""
     return -math.log(-math.log(float32(uniform(key, token))))
+
+
+@device_function
+def noisy_pack(x, v, key, bar):
+    """pack(x + gumbel(key, v), v), or NONE where x + noise provably stays under bar (a noisy
+    score this warp has already reached: then x cannot be the row's Gumbel-max).
+
+    Most scores of a row cannot win, and the two logarithms are most of a draw's cost. The
+    noise x needs is need = bar - x, less a slack for the float32 rounding of x + g; g > need
+    <=> E = -log(u) < c = exp(-need) <=> 1 - u < q = 1 - exp(-c). 1 - u is exact from the 23
+    bits, and c and q are bounded by fast exponentials with a margin (q * 1.001) far above their
+    error, so a skipped score is one the exact noise would also have left under bar: the max,
+    and the token drawn, are the exact computation's. g never exceeds NOISE_CAP, so a score
+    further than that under bar needs no hash at all.
+    """
+    need = bar - x - (float32(1e-3) + float32(1e-5) * (abs(x) + abs(bar)))
+    if need > NOISE_CAP:
+        return int64(NONE)
+    bits = noise_bits(key, v)
+    if need > 0:
+        c = fast_exp(-need)
+        if c < float32(2.0**-10):
+            q = c * (float32(1.0) - float32(0.5) * c)  # 1 - exp(-c), over by c**3 / 6
+        else:
+            q = float32(1.0) - fast_exp(-c)
+        d = (float32(uint32(0x7FFFFF) - uint32(bits)) + float32(0.5)) * float32(2.0**-23)
+        if d >= q * float32(1.001):  # d = 1 - u, exactly
+            return int64(NONE)
+    return pack(x + -math.log(-math.log(float32(uniform_of(bits)))), v)
+
+
+@device_function
+def warp_bar(value):
+    """The largest of the warp's values, in every lane (the whole warp in step: a block-uniform
+    loop); in the simulator, which has no shuffles, each thread's own."""
+    if SIMULATOR:
+        return value
+    return warp_max(value, 32)
 
 
 @device_function

@@ -13,12 +13,14 @@ import math
 
 from numba import cuda, float32, int32, int64
 
+from gpu.kernels.bf16 import key_to_f32
 from gpu.kernels.block_reduce import block_max
 from gpu.kernels.pdl import grid_dependency_sync
 from gpu.kernels.sampling_common import (
     I_STATE_ROW,
     MODE_COMPACT,
     MODE_TRUNCATE,
+    NEG_INF,
     NONE,
     R_MODE,
     R_P_T,
@@ -29,13 +31,13 @@ from gpu.kernels.sampling_common import (
     UNROLL,
     block_share,
     finish_row,
-    gumbel,
     kept,
     last_block,
     load,
-    pack,
+    noisy_pack,
     row_bounds,
     row_key,
+    warp_bar,
 )
 
 
@@ -62,7 +64,9 @@ def gumbel_kernel(
     xs = cuda.local.array(UNROLL, float32)
     vs = cuda.local.array(UNROLL, int32)
     nt = cuda.blockDim.x
-    for base in range(start + tid, end, nt * UNROLL):
+    bar = NEG_INF  # the warp's best noisy score so far (sampling_common.noisy_pack)
+    for base0 in range(start, end, nt * UNROLL):  # block-uniform, for warp_bar
+        base = base0 + tid
         for u in range(UNROLL):
             load(logits, cand_val, cand_idx, row, min(base + u * nt, end - 1), compact, xs, vs, u)
         for u in range(UNROLL):
@@ -70,7 +74,8 @@ def gumbel_kernel(
             v = vs[u]
             if base + u * nt < end and kept(x, min_bound, kth):
                 if p_t == 0 or float32(math.exp(x - top)) / z >= p_t:
-                    cand = max(cand, pack(x + gumbel(key, v), v))
+                    cand = max(cand, noisy_pack(x, v, key, bar))
+        bar = warp_bar(key_to_f32(cand >> 31) if cand >= 0 else NEG_INF)
     cand = block_max(buf, cand)
     if tid == 0 and cand >= 0:
         cuda.atomic.max(best, row, cand)

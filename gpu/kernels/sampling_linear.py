@@ -46,6 +46,7 @@ import math
 
 from numba import cuda, float32, float64, int32, int64, uint32
 
+from gpu.kernels.bf16 import key_to_f32
 from gpu.kernels.block_reduce import block_max
 from gpu.kernels.launch import device_function
 from gpu.kernels.pdl import grid_dependency_sync
@@ -56,6 +57,7 @@ from gpu.kernels.sampling_common import (
     MODE_COMPACT,
     MODE_LINEAR,
     MODE_TOP_P,
+    NEG_INF,
     NONE,
     R_COUNT,
     R_LINEAR_BIN,
@@ -69,12 +71,12 @@ from gpu.kernels.sampling_common import (
     UNROLL,
     block_share,
     claim_slot,
-    gumbel,
     kept,
     last_block,
-    pack,
+    noisy_pack,
     row_bounds,
     row_key,
+    warp_bar,
 )
 from gpu.kernels.sampling_histogram import (
     add_mass,
@@ -176,8 +178,10 @@ def linear_split_kernel(
     stop = uint32(end)
     stride = uint32(nt)
     last = stop - uint32(1)
-    base = uint32(start) + uint32(tid)
-    while base < stop:
+    bar = NEG_INF  # the warp's best noisy score so far (sampling_common.noisy_pack)
+    base0 = uint32(start)
+    while base0 < stop:  # block-uniform, for warp_bar
+        base = base0 + uint32(tid)
         for u in range(UNROLL):
             xs[u] = scores[min(base + uint32(u) * stride, last)]
         for u in range(UNROLL):
@@ -186,14 +190,15 @@ def linear_split_kernel(
             keep = v < stop and kept(x, min_bound, kth)
             b = linear_bin(top, x) if keep else int32(-1)
             if b > cut:
-                cand = max(cand, pack(x + gumbel(key, v), v))
+                cand = max(cand, noisy_pack(x, v, key, bar))
             if full[0] == 0:
                 want = b == cut or b == cut - 1
                 slot = claim_slot(rowi, row, want, capacity, full)
                 if want and slot < capacity:
                     cand_val[row, slot] = xs[u]  # as stored: later passes divide by scale
                     cand_idx[row, slot] = v
-        base += stride * uint32(UNROLL)
+        bar = warp_bar(key_to_f32(cand >> 31) if cand >= 0 else NEG_INF)
+        base0 += stride * uint32(UNROLL)
     cand = block_max(buf, cand)
     if tid == 0 and cand >= 0:
         cuda.atomic.max(best, row, cand)

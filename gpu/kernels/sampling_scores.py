@@ -65,10 +65,11 @@ from gpu.kernels.sampling_common import (
     UNROLL,
     finish_row,
     finite,
-    gumbel,
     last_block,
+    noisy_pack,
     pack,
     row_key,
+    warp_bar,
 )
 from gpu.kernels.sampling_histogram import clear_bins, find_bin, flush_bins, read_histogram
 
@@ -86,17 +87,17 @@ def apply_state(x, cell, ban, repetition, presence, frequency):
 
 
 @device_function
-def score_candidate(logits, row, v, x, greedy, truncate, prescale, temperature, key):
-    """Pass 1 after the state: a greedy row's logit, a temperature row's noisy score, or a
-    truncating row's scaled score (written back where the state changed it), packed; NONE for
-    a non-finite score."""
+def score_candidate(logits, row, v, x, greedy, truncate, prescale, temperature, key, bar):
+    """Pass 1 after the state: a greedy row's logit, a temperature row's noisy score (NONE
+    where it cannot reach bar: sampling_common.noisy_pack), or a truncating row's scaled score
+    (written back where the state changed it), packed; NONE for a non-finite score."""
     if not greedy:
         x = x / temperature
         if truncate:
             if prescale:
                 logits[row, v] = x
         elif finite(x):
-            x = x + gumbel(key, v)
+            return noisy_pack(x, v, key, bar)
     if greedy or finite(x):
         return pack(x, v)
     return int64(NONE)
@@ -140,7 +141,10 @@ def scores_kernel(
     xs = cuda.local.array(UNROLL, float32)
     cells = cuda.local.array(UNROLL, int32)
     nt = cuda.blockDim.x
-    for base in range(start + tid, end, nt * UNROLL):
+    noisy = not greedy and not truncate
+    bar = NEG_INF  # the best noisy score of the warp so far (noisy rows)
+    for base0 in range(start, end, nt * UNROLL):  # block-uniform: warp_bar needs every lane
+        base = base0 + tid
         for u in range(UNROLL):  # every load of the group in flight at once
             v = min(base + u * nt, end - 1)
             xs[u] = logits[row, v]
@@ -153,11 +157,13 @@ def scores_kernel(
                 if state_row >= 0:
                     x = apply_state(x, cells[u], ban, repetition, presence, frequency)
                 c = score_candidate(
-                    logits, row, v, x, greedy, truncate, state_row >= 0, temperature, key
+                    logits, row, v, x, greedy, truncate, state_row >= 0, temperature, key, bar
                 )
                 cand = max(cand, c)
                 if fold and c >= 0:  # a finite scaled score: its key's top 11 bits
                     cuda.atomic.add(lo, c >> 52, uint32(1))
+        if noisy:
+            bar = warp_bar(key_to_f32(cand >> 31) if cand >= 0 else NEG_INF)
     cand = block_max(buf, cand)
     if tid == 0 and cand >= 0:
         cuda.atomic.max(best, row, cand)
