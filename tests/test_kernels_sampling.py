@@ -168,11 +168,12 @@ def _check_thresholds(logits, md, state, scores, rowf, seed) -> None:
                 x, state[md.state_rows[i]], bool(md.ban_active[i]), md.repetition_penalty[i],
                 md.presence_penalty[i], md.frequency_penalty[i],
             )  # fmt: skip
-        scaled = x / np.float32(md.temperature[i])
+        scaled = x * (np.float32(1.0) / np.float32(md.temperature[i]))
         # Rows with a state hold their scaled scores (scale 1), the others their logits.
         if md.state_rows[i] < 0:
-            assert np.array_equal(scores[i], logits[i]) and rowf[R_SCALE, i] == md.temperature[i]
-        s = scores[i] / rowf[R_SCALE, i]
+            inv_t = np.float32(1.0) / np.float32(md.temperature[i])
+            assert np.array_equal(scores[i], logits[i]) and rowf[R_SCALE, i] == inv_t
+        s = scores[i] * rowf[R_SCALE, i]
         np.testing.assert_allclose(s, scaled, rtol=1e-6, err_msg=f"seed {seed}")
         top, min_bound, kth, p_t, z = rowf[[R_MAX, R_MIN_BOUND, R_KTH, R_P_T, R_Z], i]
         near = np.zeros(s.shape, bool)  # probabilities within float rounding of the cut

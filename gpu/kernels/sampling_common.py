@@ -184,7 +184,7 @@ def kept(x, min_bound, kth):
 @device_function
 def row_bounds(rowf, row):
     """The row's (max, min_p bound, top-k threshold, scale), what every pass after the scores
-    reads: a kept score is kept(x / scale, min_bound, kth), its mass exp(x / scale - max)."""
+    reads: a kept score is kept(x * scale, min_bound, kth), its mass exp(x * scale - max)."""
     return rowf[R_MAX, row], rowf[R_MIN_BOUND, row], rowf[R_KTH, row], rowf[R_SCALE, row]
 
 

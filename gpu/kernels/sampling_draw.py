@@ -70,7 +70,7 @@ def gumbel_kernel(
         for u in range(UNROLL):
             load(logits, cand_val, cand_idx, row, min(base + u * nt, end - 1), compact, xs, vs, u)
         for u in range(UNROLL):
-            x = xs[u] / scale
+            x = xs[u] * scale
             v = vs[u]
             if base + u * nt < end and kept(x, min_bound, kth):
                 if p_t == 0 or float32(math.exp(x - top)) / z >= p_t:

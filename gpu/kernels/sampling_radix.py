@@ -112,7 +112,7 @@ def compact_mass_select(row, mode, fparams, rowf, rowi, cand_val, lo, hi, hs, sc
         clear_bins(lo, hi, bins)
         cuda.syncthreads()
         for j in range(tid, n, nt):
-            x = cand_val[row, j] / scale
+            x = cand_val[row, j] * scale
             if kept(x, min_bound, kth):
                 key = int64(ordered_key(x))
                 if (key & high_mask) == prefix:
@@ -183,14 +183,14 @@ def _radix_kernel(use_mass: bool):
                     logits, cand_val, cand_idx, row, min(base + u * nt, end - 1), compact, xs, vs, u
                 )
             for u in range(UNROLL):
-                x = xs[u] / scale
+                x = xs[u] * scale
                 keep = base + u * nt < end and kept(x, min_bound, kth)
                 key = int64(ordered_key(x)) if keep else int64(0)
                 if compacting and full[0] == 0:
                     want = keep and (key >> 21) >= (prefix >> 21)
                     slot = claim_slot(rowi, row, want, capacity, full)
                     if want and slot < capacity:
-                        cand_val[row, slot] = xs[u]  # as stored: read / scale again
+                        cand_val[row, slot] = xs[u]  # as stored: read * scale again
                         cand_idx[row, slot] = vs[u]
                 if keep and (key & high_mask) == prefix:
                     b = (key >> shift) & (bins - 1)

@@ -1,16 +1,19 @@
-"""Pass 1 of the sampler (sampling.py): bans and penalties, then greedy argmax or x / T.
+"""Pass 1 of the sampler (sampling.py): bans and penalties, then greedy argmax or x * (1 / T).
 
 scores_kernel applies the row's token state (spec step 1: bans, repetition, presence and
-frequency penalties), then takes the greedy argmax or divides by the temperature.
+frequency penalties), then takes the greedy argmax or scales by the temperature: x * (1 / T),
+1 / T rounded once a row, as the twin does (a multiply a score, not an IEEE division's ~10
+instructions and slow-path check). Temperature-only rows draw their Gumbel-max here, the noise
+only where a score can still win (sampling_common.noisy_pack).
 Greedy rows and temperature-only rows finish here: each block offers its best (value,
 index) packed into one int64 (ordered key << 31 | (2**31 - 1 - index), so the max is the
 largest value at the smallest index) by atomic max to the row's slot, and the row's last
 block (sampling_common.last_block) writes out / ring and counts the token in the state (step
 4). Truncating rows (min_p, top_k or top_p) offer their max; the last block stores the max and
-the min_p bound (score >= max + log(min_p), float32). Later passes read the scores as logits /
+the min_p bound (score >= max + log(min_p), float32). Later passes read the scores as logits *
 scale: rows with a token state write their penalised, scaled scores back (scale 1: one 4-byte
 write instead of a 2-byte state read in every later pass), the others leave the logits as they
-are and divide again (scale = T, the same float32 division: the same scores; at batch 256 the
+are and scale again (scale = 1 / T, the same float32 multiply: the same scores; at batch 256 the
 write-back would cost a full pass of HBM bandwidth, ~45 us for 131 MB).
 
 Top-k rows count their first radix digit here (the key's top 11 bits, over every finite
@@ -87,12 +90,12 @@ def apply_state(x, cell, ban, repetition, presence, frequency):
 
 
 @device_function
-def score_candidate(logits, row, v, x, greedy, truncate, prescale, temperature, key, bar):
+def score_candidate(logits, row, v, x, greedy, truncate, prescale, inv_t, key, bar):
     """Pass 1 after the state: a greedy row's logit, a temperature row's noisy score (NONE
     where it cannot reach bar: sampling_common.noisy_pack), or a truncating row's scaled score
     (written back where the state changed it), packed; NONE for a non-finite score."""
     if not greedy:
-        x = x / temperature
+        x = x * inv_t
         if truncate:
             if prescale:
                 logits[row, v] = x
@@ -131,6 +134,7 @@ def scores_kernel(
     ban = iparams[I_BAN_ACTIVE, row] != 0
     key = row_key(uparams[U_SEED, row], uparams[U_STEP, row])
     greedy = temperature == 0
+    inv_t = float32(1.0) / temperature if not greedy else float32(1.0)  # the twin's 1 / T
     truncate = not greedy and (min_p > 0 or top_k > 0 or top_p < 1)
     fold = truncate and top_k > 0  # top-k's first digit, counted here (see the docstring)
     if fold:
@@ -157,7 +161,7 @@ def scores_kernel(
                 if state_row >= 0:
                     x = apply_state(x, cells[u], ban, repetition, presence, frequency)
                 c = score_candidate(
-                    logits, row, v, x, greedy, truncate, state_row >= 0, temperature, key, bar
+                    logits, row, v, x, greedy, truncate, state_row >= 0, inv_t, key, bar
                 )
                 cand = max(cand, c)
                 if fold and c >= 0:  # a finite scaled score: its key's top 11 bits
@@ -184,7 +188,7 @@ def scores_kernel(
             rowf[R_KTH, row] = NEG_INF
             rowf[R_P_T, row] = 0
             rowf[R_Z, row] = 1
-            rowf[R_SCALE, row] = 1 if state_row >= 0 else temperature
+            rowf[R_SCALE, row] = 1 if state_row >= 0 else inv_t
             mode = MODE_TRUNCATE
             if top_k > 0:
                 mode |= MODE_TOP_K

@@ -97,7 +97,7 @@ def sample_row(
     temperature = float(md.temperature[i])
     if temperature == 0.0:
         return int(np.argmax(logits))
-    scaled = logits / np.float32(temperature)
+    scaled = logits * (np.float32(1.0) / np.float32(temperature))  # as the kernels: x * (1 / T)
     keep = np.isfinite(scaled)
     top = float(scaled.max())
     if md.min_p[i] > 0.0:
