@@ -139,11 +139,11 @@ def noisy_pack(x, v, key, bar):
 
     Most scores of a row cannot win, and the two logarithms are most of a draw's cost. The
     noise x needs is need = bar - x, less a slack for the float32 rounding of x + g; g > need
-    <=> E = -log(u) < c = exp(-need) <=> 1 - u < q = 1 - exp(-c). 1 - u is exact from the 23
-    bits, and c and q are bounded by fast exponentials with a margin (q * 1.001) far above their
-    error, so a skipped score is one the exact noise would also have left under bar: the max,
-    and the token drawn, are the exact computation's. g never exceeds NOISE_CAP, so a score
-    further than that under bar needs no hash at all.
+    <=> E = -log(u) < c = exp(-need) <=> 1 - u < 1 - exp(-c), which is at most c. 1 - u is
+    exact from the 23 bits and c comes from one fast exponential, with a margin (c * 1.001) far
+    above its error: a skipped score is one the exact noise would also have left under bar, so
+    the max, and the token drawn, are the exact computation's. g never exceeds NOISE_CAP, so a
+    score further than that under bar needs no hash at all.
     """
     need = bar - x - (float32(1e-3) + float32(1e-5) * (abs(x) + abs(bar)))
     if need > NOISE_CAP:
@@ -151,12 +151,8 @@ def noisy_pack(x, v, key, bar):
     bits = noise_bits(key, v)
     if need > 0:
         c = fast_exp(-need)
-        if c < float32(2.0**-10):
-            q = c * (float32(1.0) - float32(0.5) * c)  # 1 - exp(-c), over by c**3 / 6
-        else:
-            q = float32(1.0) - fast_exp(-c)
         d = (float32(uint32(0x7FFFFF) - uint32(bits)) + float32(0.5)) * float32(2.0**-23)
-        if d >= q * float32(1.001):  # d = 1 - u, exactly
+        if d >= c * float32(1.001):  # d = 1 - u exactly, and q = 1 - exp(-c) <= c
             return int64(NONE)
     return pack(x + -math.log(-math.log(float32(uniform_of(bits)))), v)
 
