@@ -109,7 +109,7 @@ else:
 
     @device_function
     def fast_exp(x):
-        """exp by ex2.approx (relative error ~2**-21): for noise_reaches' bounds only."""
+        """exp by ex2.approx (relative error ~2**-21): for noisy_pack's bound only."""
         return libdevice.fast_expf(x)
 
 
@@ -127,9 +127,15 @@ def uniform(key, token):
 
 
 @device_function
+def gumbel_of(bits):
+    """Gumbel(0, 1) noise from a token's 23 hash bits: -log(-log(u)), float32."""
+    return -math.log(-math.log(float32(uniform_of(bits))))
+
+
+@device_function
 def gumbel(key, token):
-    """Gumbel(0, 1) noise of one token of a keyed row: -log(-log(u)), float32."""
-    return -math.log(-math.log(float32(uniform(key, token))))
+    """Gumbel(0, 1) noise of one token of a keyed row: what noisy_pack adds where it draws."""
+    return gumbel_of(noise_bits(key, token))
 
 
 @device_function
@@ -154,7 +160,7 @@ def noisy_pack(x, v, key, bar):
         d = (float32(uint32(0x7FFFFF) - uint32(bits)) + float32(0.5)) * float32(2.0**-23)
         if d >= c * float32(1.001):  # d = 1 - u exactly, and q = 1 - exp(-c) <= c
             return int64(NONE)
-    return pack(x + -math.log(-math.log(float32(uniform_of(bits)))), v)
+    return pack(x + gumbel_of(bits), v)
 
 
 @device_function
