@@ -24,7 +24,7 @@ import math
 import numpy as np
 from numba import cuda, float32, float64, int32, int64, uint16, uint32, uint64
 
-from gpu.kernels.bf16 import ordered_key
+from gpu.kernels.bf16 import key_to_f32, ordered_key
 from gpu.kernels.block_reduce import warp_max
 from gpu.kernels.launch import MAX_THREADS, SIMULATOR, device_function, threads
 from gpu.sampling.rng import LOW1, LOW2, MIX1, MIX2, SEED_MUL, STEP_MUL, TOKEN_MUL
@@ -164,9 +164,11 @@ def noisy_pack(x, v, key, bar):
 
 
 @device_function
-def warp_bar(value):
-    """The largest of the warp's values, in every lane (the whole warp in step: a block-uniform
-    loop); in the simulator, which has no shuffles, each thread's own."""
+def warp_bar(cand):
+    """noisy_pack's bar: the best noisy score among the warp's packed maxes (-inf before any),
+    in every lane (the whole warp in step: a block-uniform loop); in the simulator, which has
+    no shuffles, each thread's own."""
+    value = key_to_f32(cand >> 31) if cand >= 0 else NEG_INF
     if SIMULATOR:
         return value
     return warp_max(value, 32)

@@ -13,7 +13,6 @@ import math
 
 from numba import cuda, float32, int32, int64
 
-from gpu.kernels.bf16 import key_to_f32
 from gpu.kernels.block_reduce import block_max
 from gpu.kernels.pdl import grid_dependency_sync
 from gpu.kernels.sampling_common import (
@@ -75,7 +74,7 @@ def gumbel_kernel(
             if base + u * nt < end and kept(x, min_bound, kth):
                 if p_t == 0 or float32(math.exp(x - top)) / z >= p_t:
                     cand = max(cand, noisy_pack(x, v, key, bar))
-        bar = warp_bar(key_to_f32(cand >> 31) if cand >= 0 else NEG_INF)
+        bar = warp_bar(cand)
     cand = block_max(buf, cand)
     if tid == 0 and cand >= 0:
         cuda.atomic.max(best, row, cand)

@@ -47,7 +47,6 @@ import math
 
 from numba import cuda, float32, float64, int32, int64, uint32
 
-from gpu.kernels.bf16 import key_to_f32
 from gpu.kernels.block_reduce import block_max
 from gpu.kernels.launch import device_function
 from gpu.kernels.pdl import grid_dependency_sync
@@ -198,7 +197,7 @@ def linear_split_kernel(
                 if want and slot < capacity:
                     cand_val[row, slot] = xs[u]  # as stored: later passes multiply by scale
                     cand_idx[row, slot] = v
-        bar = warp_bar(key_to_f32(cand >> 31) if cand >= 0 else NEG_INF)
+        bar = warp_bar(cand)
         base0 += stride * uint32(UNROLL)
     cand = block_max(buf, cand)
     if tid == 0 and cand >= 0:

@@ -167,7 +167,7 @@ def scores_kernel(
                 if fold and c >= 0:  # a finite scaled score: its key's top 11 bits
                     cuda.atomic.add(lo, c >> 52, uint32(1))
         if noisy:
-            bar = warp_bar(key_to_f32(cand >> 31) if cand >= 0 else NEG_INF)
+            bar = warp_bar(cand)
     cand = block_max(buf, cand)
     if tid == 0 and cand >= 0:
         cuda.atomic.max(best, row, cand)
