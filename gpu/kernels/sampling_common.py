@@ -41,6 +41,11 @@ U_SEED, U_STEP = range(2)
 THREADS = threads(256)
 MIN_CHUNK = 4 * THREADS  # logits a block at least
 TARGET_BLOCKS = 264  # two blocks per SM of an H100 for small batches
+# Blocks of THREADS an SM must hold (launch_bounds: 64 registers a thread): at batch 256 a pass
+# is 512 blocks, 3.9 an SM of an H100. The radix passes need the bound (72 and 80 registers
+# without it: 3 blocks an SM, the last 117 blocks a second wave, top-k's first count 149 ->
+# 183 us, ncu); the others stay under 64 without it (and use more with it, unmeasured).
+BLOCKS_PER_SM = 4
 BINS = 2048  # the first two digits have 11 bits, the last 10
 BINS_PER_THREAD = BINS // THREADS  # (the kernels run THREADS threads a block)
 UNROLL = 4  # logits a thread loads at once (a chunk of MIN_CHUNK: one group)

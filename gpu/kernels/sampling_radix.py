@@ -44,10 +44,11 @@ import math
 from numba import cuda, float32, float64, int32, int64, uint32
 
 from gpu.kernels.bf16 import key_to_f32, ordered_key
-from gpu.kernels.launch import device_function
+from gpu.kernels.launch import SIMULATOR, device_function
 from gpu.kernels.pdl import grid_dependency_sync
 from gpu.kernels.sampling_common import (
     BINS,
+    BLOCKS_PER_SM,
     F_TOP_P,
     MASS_SCALE,
     MODE_COMPACT,
@@ -243,7 +244,9 @@ def _radix_kernel(use_mass: bool):
     kernel.__name__ = kernel.__qualname__ = (
         "radix_mass_kernel" if use_mass else "radix_count_kernel"
     )
-    return cuda.jit(cache=True)(kernel)
+    if SIMULATOR:  # (the simulator's jit takes no launch bounds)
+        return cuda.jit(cache=True)(kernel)
+    return cuda.jit(cache=True, launch_bounds=(THREADS, BLOCKS_PER_SM))(kernel)
 
 
 radix_count_kernel = _radix_kernel(False)
