@@ -96,7 +96,7 @@ def linear_bin(top, x):
     d = (top - x) * LINEAR_SCALE
     if d >= float32(BINS - 1):
         return int32(0)
-    return int32(BINS - 1) - int32(d)
+    return int32(int32(BINS - 1) - int32(d))  # (int32 - int32 widens to int64 in Numba)
 
 
 @cuda.jit(cache=True)
@@ -127,13 +127,13 @@ def linear_mass_kernel(logits, chunk_len, fparams, ticket, hist, rowf, rowi):
     base = uint32(start) + uint32(tid)
     while base < stop:
         for u in range(UNROLL):
-            xs[u] = scores[min(base + uint32(u) * stride, last)]
+            xs[u] = scores[min(uint32(base + uint32(u) * stride), last)]
         for u in range(UNROLL):
             x = xs[u] if unscaled else xs[u] * scale
-            if base + uint32(u) * stride < stop and kept(x, min_bound, kth):
+            if uint32(base + uint32(u) * stride) < stop and kept(x, min_bound, kth):
                 e = float32(math.exp(x - top))
                 add_mass(lo, hi, linear_bin(top, x), int64(float64(e) * MASS_SCALE + 0.5))
-        base += stride * uint32(UNROLL)
+        base = uint32(base + stride * uint32(UNROLL))
     cuda.syncthreads()
     flush_bins(lo, hi, hist, row, BINS)
     if not last_block(ticket, row, flag):
@@ -181,11 +181,11 @@ def linear_split_kernel(
     bar = NEG_INF  # the warp's best noisy score so far (sampling_common.noisy_pack)
     base0 = uint32(start)
     while base0 < stop:  # block-uniform, for warp_bar
-        base = base0 + uint32(tid)
+        base = uint32(base0 + uint32(tid))
         for u in range(UNROLL):
-            xs[u] = scores[min(base + uint32(u) * stride, last)]
+            xs[u] = scores[min(uint32(base + uint32(u) * stride), last)]
         for u in range(UNROLL):
-            v = base + uint32(u) * stride
+            v = uint32(base + uint32(u) * stride)
             x = xs[u] if unscaled else xs[u] * scale
             keep = v < stop and kept(x, min_bound, kth)
             b = linear_bin(top, x) if keep else int32(-1)
@@ -198,7 +198,7 @@ def linear_split_kernel(
                     cand_val[row, slot] = xs[u]  # as stored: later passes multiply by scale
                     cand_idx[row, slot] = v
         bar = warp_bar(cand)
-        base0 += stride * uint32(UNROLL)
+        base0 = uint32(base0 + stride * uint32(UNROLL))
     cand = block_max(buf, cand)
     if tid == 0 and cand >= 0:
         cuda.atomic.max(best, row, cand)
