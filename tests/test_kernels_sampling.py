@@ -29,6 +29,7 @@ from gpu.kernels.sampling import (
     MIN_CHUNK,
     MODE_COMPACT,
     MODE_LINEAR,
+    MODE_WON,
     NONE,
     R_KTH,
     R_MAX,
@@ -134,13 +135,15 @@ def _check(logits, md, seed, state=None, scratch=None) -> tuple[np.ndarray, np.n
     assert np.array_equal(got_state, want_state), f"state (KERNEL_TEST_SEED={seed})"
     # The scratch is left ready for the next call.
     assert not synced(scratch.ticket).any() and not synced(scratch.hist).any()
-    assert (synced(scratch.best) == NONE).all()
-    _check_thresholds(logits, md, state, synced(d_logits), synced(scratch.rowf), seed)
+    assert (synced(scratch.best) == NONE).all() and (synced(scratch.winner) == NONE).all()
+    won = (synced(scratch.rowi)[R_MODE, :n] & MODE_WON) != 0
+    _check_thresholds(logits, md, state, synced(d_logits), synced(scratch.rowf), seed, won)
     return got[:n], got_state
 
 
-def _twin_keep(scaled: np.ndarray, md: SamplingMetadata, i: int) -> np.ndarray:
-    """What numpy_sampler.sample_row keeps of row i's scaled scores (min_p, top_k, top_p)."""
+def _twin_keep(scaled: np.ndarray, md: SamplingMetadata, i: int, top_p: bool = True) -> np.ndarray:
+    """What numpy_sampler.sample_row keeps of row i's scaled scores (min_p, top_k, and top_p
+    unless told not to)."""
     keep = np.isfinite(scaled)
     top = float(scaled.max())
     if md.min_p[i] > 0.0:
@@ -148,27 +151,33 @@ def _twin_keep(scaled: np.ndarray, md: SamplingMetadata, i: int) -> np.ndarray:
     k = int(md.top_k[i])
     if 0 < k < int(keep.sum()):
         keep &= scaled >= np.partition(np.where(keep, scaled, -np.inf), -k)[-k]
-    if md.top_p[i] < 1.0:
+    if top_p and md.top_p[i] < 1.0:
         probs = np.where(keep, np.exp(scaled - top), 0.0).astype(np.float32)
         probs /= probs.sum()
         keep &= probs >= top_p_threshold(probs, float(md.top_p[i]))
     return keep
 
 
-def _check_thresholds(logits, md, state, scores, rowf, seed) -> None:
+def _scaled(logits, md, state, i: int) -> np.ndarray:
+    """Row i's scores as the twin scales them: the state applied, times 1 / T."""
+    x = logits[i].copy()
+    if md.state_rows[i] >= 0:
+        ts.apply_state(
+            x, state[md.state_rows[i]], bool(md.ban_active[i]), md.repetition_penalty[i],
+            md.presence_penalty[i], md.frequency_penalty[i],
+        )  # fmt: skip
+    return x * (np.float32(1.0) / np.float32(md.temperature[i]))
+
+
+def _check_thresholds(logits, md, state, scores, rowf, seed, won) -> None:
     """Each truncating row: the scores the passes read (logits / scale), and the set the
-    thresholds of the radix passes keep, vs the twin's."""
+    thresholds of the radix passes keep, vs the twin's (without top-p where the row's top-p
+    phase ended on pass 1's winner, `won`: no cut was computed; its token was checked)."""
     for i in range(md.num_rows):
         truncating = md.min_p[i] > 0 or md.top_k[i] > 0 or md.top_p[i] < 1
         if md.temperature[i] == 0 or not truncating:
             continue
-        x = logits[i].copy()
-        if md.state_rows[i] >= 0:
-            ts.apply_state(
-                x, state[md.state_rows[i]], bool(md.ban_active[i]), md.repetition_penalty[i],
-                md.presence_penalty[i], md.frequency_penalty[i],
-            )  # fmt: skip
-        scaled = x * (np.float32(1.0) / np.float32(md.temperature[i]))
+        scaled = _scaled(logits, md, state, i)
         # Rows with a state hold their scaled scores (scale 1), the others their logits.
         if md.state_rows[i] < 0:
             inv_t = np.float32(1.0) / np.float32(md.temperature[i])
@@ -184,11 +193,31 @@ def _check_thresholds(logits, md, state, scores, rowf, seed) -> None:
                 keep &= p >= p_t
                 near = np.abs(p - p_t) <= 4 * np.spacing(p_t)
         with np.errstate(invalid="ignore", divide="ignore"):
-            twin = _twin_keep(scaled, md, i)
+            twin = _twin_keep(scaled, md, i, top_p=not won[i])
         keep[near], twin[near] = True, True
         assert keep.tolist() == twin.tolist(), (
             f"row {i}: {keep.sum()} kept, twin {twin.sum()} (KERNEL_TEST_SEED={seed})"
         )
+
+
+def _force_early_exit(logits, md, state, rows, early: bool, margin: float = 0.0) -> None:
+    """Re-seed each of `rows` until its Gumbel-max over every finite score (pass 1's winner)
+    is a token the twin keeps, at least `margin` above the twin's least kept score (early), or
+    one it cuts (not early): the draw's early exit taken or not (sampling_draw.py)."""
+    rng = np.random.default_rng(int(md.seed[rows[0]]) if rows else 0)
+    for i in rows:
+        scaled = _scaled(logits, md, state, i)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            keep = _twin_keep(scaled, md, i)
+        edge = scaled[keep].min()
+        for _ in range(500):
+            noise = rng_mod.gumbel_noise(int(md.seed[i]), int(md.step[i]), len(scaled))
+            w = int(np.argmax(np.where(np.isfinite(scaled), scaled + noise, -np.inf)))
+            if (keep[w] and scaled[w] >= edge + margin) == early:
+                break
+            md.seed[i] = rng.integers(0, 2**63)
+        else:
+            raise AssertionError(f"no seed found for row {i}")
 
 
 def test_one_pass_rows_greedy_temperature_penalties_and_bans():
@@ -274,8 +303,11 @@ def test_top_p_and_min_p(candidates):
         {"temperature": 1.0, "top_p": 0.5},  # every logit -inf: token 0
         {"temperature": 0.7, "top_p": 0.9},
     ]
+    md = _metadata(rows, rng)
+    state = ts.new_state(1, vocab)
+    _force_early_exit(logits, md, state, [0, 3, 7], False)  # the full path: the exact cut
     scratch = sampler_scratch(len(rows), vocab, candidates=candidates)
-    _check(logits, _metadata(rows, rng), seed, scratch=scratch)
+    _check(logits, md, seed, state, scratch)
     _compaction(scratch, len(rows), candidates)
     # Top-p rows found their cut bin on the linear scale (sampling_linear.py) and, with room
     # for the two bins, read only the copy after it; with room for 3 the all-equal row (every
@@ -304,8 +336,11 @@ def test_top_p_large_copies():
         {"temperature": 0.7, "top_p": 0.9},
         {"temperature": 0.8, "top_p": 0.3, "repetition": 1.1, "state_row": 0},  # scale 1
     ]
+    md = _metadata(rows, rng)
+    state = ts.new_state(1, vocab)
+    _force_early_exit(logits, md, state, [0, 2, 3], False)  # the split and the copy
     scratch = sampler_scratch(len(rows), vocab)
-    _check(logits, _metadata(rows, rng), seed, scratch=scratch)
+    _check(logits, md, seed, state, scratch)
     rowi = synced(scratch.rowi)
     compact = (rowi[R_MODE, : len(rows)] & MODE_COMPACT) != 0
     assert compact.all()
@@ -336,6 +371,36 @@ def test_penalties_with_truncation_and_state_counts(candidates):
         if expected[row, tok] & COUNT_MASK < COUNT_MASK:
             expected[row, tok] += 1
     assert np.array_equal(after, expected), f"KERNEL_TEST_SEED={seed}"
+
+
+def test_early_exit_on_the_full_row_winner():
+    """Pass 1's Gumbel-max over every finite score is the token wherever the thresholds keep
+    it: a top-p row whose winner lies above the cut bin ends its top-p phase after the linear
+    mass pass (MODE_WON: no split, no exact cut), a min-p row skips the draw's pass; a row
+    whose winner is cut takes the full path. Each row is re-seeded to take the path asked; the
+    tokens are the twin's either way."""
+    rng, seed = fresh_rng()
+    vocab = 2 * MIN_CHUNK + 19
+    spread = np.array([0.5, 2.0, 0.5, 2.0, 1.0, 1.0, 1.3, 1.3], np.float32)[:, None]
+    logits = (rng.standard_normal((8, vocab)) * spread).astype(np.float32)
+    state = _random_state(rng, 2, vocab)
+    rows = [
+        {"temperature": 0.7, "top_p": 0.9},  # flat: a nucleus of most of the row
+        {"temperature": 1.0, "top_p": 0.5},  # peaked
+        {"temperature": 0.7, "top_p": 0.9},
+        {"temperature": 1.0, "top_p": 0.5},
+        {"temperature": 1.0, "min_p": 0.1},
+        {"temperature": 1.0, "min_p": 0.1},
+        {"temperature": 0.7, "top_p": 0.9, "repetition": 1.1, "state_row": 0},  # the app's
+        {"temperature": 0.7, "top_p": 0.9, "min_p": 0.05, "repetition": 1.1, "state_row": 1},
+    ]
+    md = _metadata(rows, rng)
+    _force_early_exit(logits, md, state, [0, 1, 4, 6], True, margin=0.05)  # > 2 linear bins
+    _force_early_exit(logits, md, state, [2, 3, 5, 7], False)
+    scratch = sampler_scratch(len(rows), vocab)
+    _check(logits, md, seed, state, scratch)
+    won = (synced(scratch.rowi)[R_MODE, : len(rows)] & MODE_WON) != 0
+    assert won.tolist() == [True, True, False, False, False, False, True, False]
 
 
 def test_one_row_reused_scratch_and_many_draws():

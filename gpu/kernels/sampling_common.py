@@ -53,10 +53,13 @@ MASS_SCALE = float64(2.0**44)  # fixed-point unit of top-p masses (sums < 2**63 
 SLOTS = MAX_THREADS // 32  # block_max's scratch (a slot per warp; 32 threads in the simulator)
 # rowf rows
 R_MAX, R_MIN_BOUND, R_KTH, R_P_T, R_Z, R_SCALE = range(6)
-# rowi rows
-R_MODE, R_PREFIX, R_REMAIN, R_COUNT, R_DIGIT, R_LINEAR_BIN = range(6)
-# mode bits (MODE_LINEAR: top-p's cut bin found on the linear scale, sampling_linear.py)
+# rowi rows (R_WINNER: the full-row Gumbel-max of pass 1, packed; see sampling_draw.py)
+R_MODE, R_PREFIX, R_REMAIN, R_COUNT, R_DIGIT, R_LINEAR_BIN, R_WINNER = range(7)
+# mode bits (MODE_LINEAR: top-p's cut bin found on the linear scale, sampling_linear.py;
+# MODE_EARLY: R_WINNER holds the row's full-row Gumbel-max, sampling_draw.py; MODE_WON: the
+# top-p phase ended on it, with no exact cut, sampling_linear.py)
 MODE_TRUNCATE, MODE_TOP_K, MODE_TOP_P, MODE_COMPACT, MODE_LINEAR = 1, 2, 4, 8, 16
+MODE_EARLY, MODE_WON = 32, 64
 CANDIDATES = 8192  # scores a row's copy holds (SamplerScratch.cand_val)
 NONE = -1  # the packed-max slot's empty value
 NOISE_CAP = float32(16.7)  # above any Gumbel noise: -log(-log(1 - 2**-24)) = 16.64

@@ -18,11 +18,13 @@ from gpu.kernels.pdl import grid_dependency_sync
 from gpu.kernels.sampling_common import (
     I_STATE_ROW,
     MODE_COMPACT,
+    MODE_EARLY,
     MODE_TRUNCATE,
     NEG_INF,
     NONE,
     R_MODE,
     R_P_T,
+    R_WINNER,
     R_Z,
     SLOTS,
     U_SEED,
@@ -34,6 +36,7 @@ from gpu.kernels.sampling_common import (
     last_block,
     load,
     noisy_pack,
+    packed_index,
     row_bounds,
     row_key,
     warp_bar,
@@ -50,14 +53,23 @@ def gumbel_kernel(
     mode = rowi[R_MODE, row]
     if (mode & MODE_TRUNCATE) == 0:
         return
+    top, min_bound, kth, scale = row_bounds(rowf, row)
+    p_t = rowf[R_P_T, row]
+    z = rowf[R_Z, row]
+    won = rowi[R_WINNER, row]
+    if (mode & MODE_EARLY) != 0 and won >= 0:
+        # Pass 1's Gumbel-max over every finite score: if the thresholds keep it, it is the max
+        # over what they keep, the token this pass would find. Checked by every block alike.
+        x = logits[row, packed_index(won)] * scale
+        if kept(x, min_bound, kth) and (p_t == 0 or float32(math.exp(x - top)) / z >= p_t):
+            if cuda.blockIdx.y == 0 and cuda.threadIdx.x == 0:
+                finish_row(row, won, iparams[I_STATE_ROW, row], state, out, ring, ring_slot)
+            return
     compact = (mode & MODE_COMPACT) != 0
     buf = cuda.shared.array(SLOTS, int64)
     flag = cuda.shared.array(1, int32)
     tid = cuda.threadIdx.x
     key = row_key(uparams[U_SEED, row], uparams[U_STEP, row])
-    top, min_bound, kth, scale = row_bounds(rowf, row)
-    p_t = rowf[R_P_T, row]
-    z = rowf[R_Z, row]
     start, end = block_share(rowi, row, compact, chunk_len, logits.shape[1])
     cand = int64(NONE)
     xs = cuda.local.array(UNROLL, float32)

@@ -55,14 +55,17 @@ from gpu.kernels.sampling_common import (
     F_TOP_P,
     MASS_SCALE,
     MODE_COMPACT,
+    MODE_EARLY,
     MODE_LINEAR,
     MODE_TOP_P,
+    MODE_WON,
     NEG_INF,
     NONE,
     R_COUNT,
     R_LINEAR_BIN,
     R_MODE,
     R_REMAIN,
+    R_WINNER,
     R_Z,
     SLOTS,
     THREADS,
@@ -74,6 +77,7 @@ from gpu.kernels.sampling_common import (
     kept,
     last_block,
     noisy_pack,
+    packed_index,
     row_bounds,
     row_key,
     warp_bar,
@@ -141,7 +145,19 @@ def linear_mass_kernel(logits, chunk_len, fparams, ticket, hist, rowf, rowi):
     total = read_histogram(hist, row, BINS, hs, scan)
     remain = max(int64(math.ceil(float64(fparams[F_TOP_P, row]) * total)), 1)
     find_bin(hs, BINS, scan, remain, sel)
-    if tid == 0 and sel[0] > 0:  # bin 0 or no bin: the radix digits do the whole row
+    if tid != 0:
+        return
+    won = rowi[R_WINNER, row]
+    if (mode & MODE_EARLY) != 0 and won >= 0 and sel[0] >= 0:
+        # Pass 1's full-row Gumbel-max above the cut bin is in the nucleus (as the split's
+        # scores above it are): it beats every score the nucleus holds, so it is the token.
+        # The row's top-p phase ends here; the draw takes it (sampling_draw.py).
+        xw = scores[packed_index(won)]
+        xw = xw if unscaled else xw * scale
+        if kept(xw, min_bound, kth) and linear_bin(top, xw) > sel[0]:
+            rowi[R_MODE, row] = (mode & ~MODE_TOP_P) | MODE_WON
+            return
+    if sel[0] > 0:  # bin 0 or no bin: the radix digits do the whole row
         rowf[R_Z, row] = float32(float64(total) / MASS_SCALE)
         rowi[R_LINEAR_BIN, row] = sel[0]
         rowi[R_REMAIN, row] = remain - sel[1]

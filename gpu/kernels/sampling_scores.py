@@ -44,6 +44,7 @@ from gpu.kernels.sampling_common import (
     I_BAN_ACTIVE,
     I_STATE_ROW,
     I_TOP_K,
+    MODE_EARLY,
     MODE_TOP_K,
     MODE_TOP_P,
     MODE_TRUNCATE,
@@ -60,6 +61,7 @@ from gpu.kernels.sampling_common import (
     R_PREFIX,
     R_REMAIN,
     R_SCALE,
+    R_WINNER,
     R_Z,
     SLOTS,
     THREADS,
@@ -89,27 +91,10 @@ def apply_state(x, cell, ban, repetition, presence, frequency):
     return x - (frequency * n + presence * (float32(1.0) if c > 0 else float32(0.0)))
 
 
-@device_function
-def score_candidate(logits, row, v, x, greedy, truncate, prescale, inv_t, key, bar):
-    """Pass 1 after the state: a greedy row's logit, a temperature row's noisy score (NONE
-    where it cannot reach bar: sampling_common.noisy_pack), or a truncating row's scaled score
-    (written back where the state changed it), packed; NONE for a non-finite score."""
-    if not greedy:
-        x = x * inv_t
-        if truncate:
-            if prescale:
-                logits[row, v] = x
-        elif finite(x):
-            return noisy_pack(x, v, key, bar)
-    if greedy or finite(x):
-        return pack(x, v)
-    return int64(NONE)
-
-
 @cuda.jit(cache=True)
 def scores_kernel(
-    logits, chunk_len, fparams, iparams, uparams, state, ticket, best, rowf, rowi, hist, out,
-    ring, ring_slot,
+    logits, chunk_len, fparams, iparams, uparams, state, ticket, best, winner, rowf, rowi, hist,
+    out, ring, ring_slot,
 ):  # fmt: skip
     grid_dependency_sync()
     buf = cuda.shared.array(SLOTS, int64)
@@ -141,12 +126,16 @@ def scores_kernel(
         clear_bins(lo, hi, BINS)
         cuda.syncthreads()
 
-    cand = int64(NONE)
+    # draws: the row's full-row Gumbel-max is taken here, into wcand. Temperature-only rows
+    # finish with it; truncating rows without top-k keep it for the draw's early exit
+    # (sampling_draw.py: it is their token whenever the thresholds keep it).
+    draws = not greedy and (not truncate or top_k == 0)
+    cand = int64(NONE)  # greedy rows' argmax, truncating rows' max
+    wcand = int64(NONE)
     xs = cuda.local.array(UNROLL, float32)
     cells = cuda.local.array(UNROLL, int32)
     nt = cuda.blockDim.x
-    noisy = not greedy and not truncate
-    bar = NEG_INF  # the best noisy score of the warp so far (noisy rows)
+    bar = NEG_INF  # the best noisy score of the warp so far (sampling_common.noisy_pack)
     for base0 in range(start, end, nt * UNROLL):  # block-uniform: warp_bar needs every lane
         base = base0 + tid
         for u in range(UNROLL):  # every load of the group in flight at once
@@ -160,17 +149,27 @@ def scores_kernel(
                 x = xs[u]
                 if state_row >= 0:
                     x = apply_state(x, cells[u], ban, repetition, presence, frequency)
-                c = score_candidate(
-                    logits, row, v, x, greedy, truncate, state_row >= 0, inv_t, key, bar
-                )
-                cand = max(cand, c)
-                if fold and c >= 0:  # a finite scaled score: its key's top 11 bits
-                    cuda.atomic.add(lo, c >> 52, uint32(1))
-        if noisy:
-            bar = warp_bar(cand)
+                if not greedy:
+                    x = x * inv_t
+                    if truncate and state_row >= 0:
+                        logits[row, v] = x  # written back scaled (the module docstring)
+                if greedy or finite(x):
+                    if draws:
+                        wcand = max(wcand, noisy_pack(x, v, key, bar))
+                    if greedy or truncate:
+                        c = pack(x, v)
+                        cand = max(cand, c)
+                        if fold:  # a finite scaled score: its key's top 11 bits
+                            cuda.atomic.add(lo, c >> 52, uint32(1))
+        if draws:
+            bar = warp_bar(wcand)
     cand = block_max(buf, cand)
     if tid == 0 and cand >= 0:
         cuda.atomic.max(best, row, cand)
+    if draws:
+        wcand = block_max(buf, wcand)
+        if tid == 0 and wcand >= 0:
+            cuda.atomic.max(winner, row, wcand)
     if fold:
         cuda.syncthreads()
         flush_bins(lo, hi, hist, row, BINS)
@@ -178,9 +177,10 @@ def scores_kernel(
         return
     if tid == 0:
         packed = cuda.atomic.exch(best, row, int64(NONE))
+        won = cuda.atomic.exch(winner, row, int64(NONE))
         if not truncate:
             rowi[R_MODE, row] = 0
-            finish_row(row, packed, state_row, state, out, ring, ring_slot)
+            finish_row(row, packed if greedy else won, state_row, state, out, ring, ring_slot)
         else:
             top = key_to_f32(packed >> 31) if packed >= 0 else NEG_INF
             rowf[R_MAX, row] = top
@@ -194,6 +194,9 @@ def scores_kernel(
                 mode |= MODE_TOP_K
             if top_p < 1:
                 mode |= MODE_TOP_P
+            if draws:
+                mode |= MODE_EARLY
+            rowi[R_WINNER, row] = won
             rowi[R_MODE, row] = mode
             rowi[R_PREFIX, row] = 0
             rowi[R_REMAIN, row] = 0

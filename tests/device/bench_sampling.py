@@ -182,6 +182,7 @@ def passes(logits, f, i, u, state, scratch, out, ring, slot) -> list:
             state,
             s.ticket,
             s.best,
+            s.winner,
             s.rowf,
             s.rowi,
             s.hist,
