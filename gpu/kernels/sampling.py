@@ -19,20 +19,23 @@ CUDA graph; THREADS threads a block, which the histogram loops assume):
 
 1. scores_kernel (sampling_scores.py): bans and penalties from the state (spec step 1), greedy
    argmax or x / T. Greedy and temperature-only rows finish here; truncating rows store their
-   max and min_p bound, and top-k rows count their first radix digit.
+   max and min_p bound, and top-k rows count their first radix digit. Rows without top-k also
+   take their Gumbel-max over every finite score (R_WINNER): the token, wherever the
+   thresholds keep it (the early exits of passes 3 and 5).
 2. radix_count_kernel x 2 (sampling_radix.py, digits 1 and 2 of 11, 11, 10 bits): top-k, the
    k-th largest kept score by radix select over the scores' order-preserving integer keys.
    The second digit copies the row's candidates (every score that can still be kept) into a
    buffer, and later passes read the copy where it fits.
 3. linear_mass_kernel, linear_split_kernel (sampling_linear.py): top-p's cut bin on a linear
-   scale of the scores, its Gumbel-max above that bin, and the bin copied out: the row is
-   read twice whether the nucleus is 10 tokens or 60,000.
+   scale of the scores; a row whose pass-1 winner lies above it is done with top-p (about
+   top_p of the rows: the winner is a draw from the whole row). The others: the Gumbel-max
+   above the cut bin, and the bin copied out.
 4. radix_mass_kernel x 3 (sampling_radix.py): top-p's exact cut by radix select with masses
    exp(s - max) in fixed point, over the copy (or, where the copy overflowed, the row). A
    compact row's three digits run in the first launch, in one block (compact_mass_select:
    no cross-block merge between digits); the other two launches return at once for it.
-5. gumbel_kernel (sampling_draw.py): Gumbel-max over what the thresholds keep, the last block
-   finishes the row.
+5. gumbel_kernel (sampling_draw.py): the pass-1 winner if the thresholds keep it (no read of
+   the row), else the Gumbel-max over what they keep; the last block finishes the row.
 
 Every Gumbel-max (temperature rows in pass 1, top-p's scores above the cut bin in pass 3, the
 draw in pass 5) takes the noise only where a score can still beat its warp's best noisy score

@@ -24,9 +24,13 @@ e**-24 a token). The bin is monotone in the score, so a higher bin holds only hi
    needed (R_REMAIN) and Z (R_Z) from pass 1, and the draw reads only the copy, merging into
    the packed max this pass left.
 
-So a top-p row reads the whole row twice after the scores pass, flat or peaked. A row whose
-cut falls in bin 0 (top_p within ~1e-6 of 1 on a flat row) or whose two bins overflow the
-buffer (thousands of scores within 0.024 of each other: equal logits) is left as it was: the
+The mass pass's last block first checks pass 1's full-row Gumbel-max (R_WINNER, see
+sampling_draw.py): if it is kept and lies above bin B it is in the nucleus, beats every score
+there, and is the token. The row's top-p phase ends (MODE_WON): no split, no exact cut, and
+the draw takes the winner. With top-p 0.9 that is about nine rows in ten. The others read the
+whole row twice after the scores pass, flat or peaked. A row whose cut falls in bin 0 (top_p
+within ~1e-6 of 1 on a flat row) or whose two bins overflow the buffer (thousands of scores
+within 0.024 of each other: equal logits) is left as it was: the
 radix digits run over the whole row as before, with the same result (the Gumbel-max over the
 row is a max: taking part of it twice changes nothing). Rows already compact after top-k
 skip both passes: the radix digits read their copy.
