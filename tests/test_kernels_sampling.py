@@ -135,6 +135,7 @@ def _check(logits, md, seed, state=None, scratch=None) -> tuple[np.ndarray, np.n
     assert np.array_equal(got_state, want_state), f"state (KERNEL_TEST_SEED={seed})"
     # The scratch is left ready for the next call.
     assert not synced(scratch.ticket).any() and not synced(scratch.hist).any()
+    assert not synced(scratch.linear_rows)[:2].any()  # the split list: count and ticket
     assert (synced(scratch.best) == NONE).all() and (synced(scratch.winner) == NONE).all()
     won = (synced(scratch.rowi)[R_MODE, :n] & MODE_WON) != 0
     _check_thresholds(logits, md, state, synced(d_logits), synced(scratch.rowf), seed, won)

@@ -204,11 +204,11 @@ SIGNATURES = {
     ],
     "linear_mass_kernel": [
         "void(float32[:, ::1], int64, float32[:, ::1], int32[::1], int64[:, ::1],"
-        " float32[:, ::1], int64[:, ::1])"
+        " float32[:, ::1], int64[:, ::1], int32[::1])"
     ],
     "linear_split_kernel": [
-        "void(float32[:, ::1], int64, uint64[:, ::1], int32[::1], int64[::1], float32[:, ::1],"
-        f" int64[:, ::1], {_CANDIDATES})"
+        "void(float32[:, ::1], uint64[:, ::1], int32[::1], int64[::1], float32[:, ::1],"
+        f" int64[:, ::1], {_CANDIDATES}, int32[::1])"
     ],
     "gumbel_kernel": [
         "void(float32[:, ::1], int64, int32[:, ::1], uint64[:, ::1],"
@@ -230,6 +230,8 @@ class SamplerScratch:
     hist: object  # int64 [max_rows, BINS]: the row's radix histogram (zero when idle)
     cand_val: object  # float32 [max_rows, candidates]: a compact row's scores (as stored)
     cand_idx: object  # int32 [max_rows, candidates]: ... and their token ids
+    linear_rows: object  # int32 [max_rows + 2]: the rows top-p's split pass reads (a count,
+    # the pass's ticket, the rows: sampling_linear.py), zero when idle
     max_rows: int
     vocab: int
 
@@ -251,6 +253,7 @@ def sampler_scratch(
         hist=cuda.to_device(np.zeros((rows, BINS), np.int64), stream=stream),
         cand_val=cuda.device_array((rows, candidates), np.float32, stream=stream),
         cand_idx=cuda.device_array((rows, candidates), np.int32, stream=stream),
+        linear_rows=cuda.to_device(np.zeros(rows + 2, np.int32), stream=stream),
         max_rows=max_rows,
         vocab=vocab,
     )
@@ -292,10 +295,10 @@ def sample(
             s.cand_val, s.cand_idx,
         )  # fmt: skip
     linear_mass_kernel[grid, THREADS, stream](
-        logits, chunk_len, fparams, s.ticket, s.hist, s.rowf, s.rowi
+        logits, chunk_len, fparams, s.ticket, s.hist, s.rowf, s.rowi, s.linear_rows
     )  # fmt: skip
     linear_split_kernel[grid, THREADS, stream](
-        logits, chunk_len, uparams, s.ticket, s.best, s.rowf, s.rowi, s.cand_val, s.cand_idx
+        logits, uparams, s.ticket, s.best, s.rowf, s.rowi, s.cand_val, s.cand_idx, s.linear_rows
     )  # fmt: skip
     for digit in (0, 1, 2):
         radix_mass_kernel[grid, THREADS, stream](

@@ -219,10 +219,16 @@ def packed_index(packed):
 def last_block(ticket, row, flag):
     """Take the row's ticket after this block's results are out (every thread calls it);
     True in the block that takes the last ticket, which then resets the counter."""
+    return last_of(ticket, row, flag, cuda.gridDim.y)
+
+
+@device_function
+def last_of(ticket, row, flag, blocks):
+    """last_block where the row has `blocks` blocks, not one row of the grid."""
     cuda.syncthreads()
     if cuda.threadIdx.x == 0:
         cuda.threadfence()
-        flag[0] = int32(cuda.atomic.add(ticket, row, int32(1)) == cuda.gridDim.y - 1)
+        flag[0] = int32(cuda.atomic.add(ticket, row, int32(1)) == blocks - 1)
         if flag[0]:
             ticket[row] = 0
             cuda.threadfence()

@@ -80,6 +80,7 @@ from gpu.kernels.sampling_common import (
     claim_slot,
     kept,
     last_block,
+    last_of,
     noisy_pack,
     packed_index,
     row_bounds,
@@ -108,7 +109,7 @@ def linear_bin(top, x):
 
 
 @cuda.jit(cache=True)
-def linear_mass_kernel(logits, chunk_len, fparams, ticket, hist, rowf, rowi):
+def linear_mass_kernel(logits, chunk_len, fparams, ticket, hist, rowf, rowi, linear_rows):
     grid_dependency_sync()
     row = cuda.blockIdx.x
     mode = rowi[R_MODE, row]
@@ -167,64 +168,75 @@ def linear_mass_kernel(logits, chunk_len, fparams, ticket, hist, rowf, rowi):
         rowi[R_REMAIN, row] = remain - sel[1]
         rowi[R_COUNT, row] = 0
         rowi[R_MODE, row] = mode | MODE_LINEAR
+        linear_rows[2 + cuda.atomic.add(linear_rows, 0, int32(1))] = row  # for the split
 
 
 @cuda.jit(cache=True)
 def linear_split_kernel(
-    logits, chunk_len, uparams, ticket, best, rowf, rowi, cand_val, cand_idx
+    logits, uparams, ticket, best, rowf, rowi, cand_val, cand_idx, linear_rows
 ):  # fmt: skip
     grid_dependency_sync()
-    row = cuda.blockIdx.x
-    mode = rowi[R_MODE, row]
-    if (mode & MODE_LINEAR) == 0:
+    listed = linear_rows[0]  # rows the mass pass left to split (most ended on their winner)
+    if listed == 0:
         return
     buf = cuda.shared.array(SLOTS, int64)
     flag = cuda.shared.array(1, int32)
     full = cuda.shared.array(1, int32)
     tid = cuda.threadIdx.x
     nt = cuda.blockDim.x
-    if tid == 0:
-        full[0] = 0
-    cuda.syncthreads()
-    key = row_key(uparams[U_SEED, row], uparams[U_STEP, row])
-    top, min_bound, kth, scale = row_bounds(rowf, row)
-    unscaled = scale == float32(1.0)  # rows with a token state: scores written back scaled
-    cut = int32(rowi[R_LINEAR_BIN, row])
-    capacity = cand_val.shape[1]
-    start, end = block_share(rowi, row, False, chunk_len, logits.shape[1])
-    scores = logits[row]  # one row's view: 32-bit offsets from its start, not [row, v]
-    cand = int64(NONE)
-    xs = cuda.local.array(UNROLL, float32)
-    stop = uint32(end)
-    stride = uint32(nt)
-    last = stop - uint32(1)
-    bar = NEG_INF  # the warp's best noisy score so far (sampling_common.noisy_pack)
-    base0 = uint32(start)
-    while base0 < stop:  # block-uniform, for warp_bar
-        base = uint32(base0 + uint32(tid))
-        for u in range(UNROLL):
-            xs[u] = scores[min(uint32(base + uint32(u) * stride), last)]
-        for u in range(UNROLL):
-            v = uint32(base + uint32(u) * stride)
-            x = xs[u] if unscaled else xs[u] * scale
-            keep = v < stop and kept(x, min_bound, kth)
-            b = linear_bin(top, x) if keep else int32(-1)
-            if b > cut:
-                cand = max(cand, noisy_pack(x, v, key, bar))
-            if full[0] == 0:
-                want = b == cut or b == cut - 1
-                slot = claim_slot(rowi, row, want, capacity, full)
-                if want and slot < capacity:
-                    cand_val[row, slot] = xs[u]  # as stored: later passes multiply by scale
-                    cand_idx[row, slot] = v
-        bar = warp_bar(cand)
-        base0 = uint32(base0 + stride * uint32(UNROLL))
-    cand = block_max(buf, cand)
-    if tid == 0 and cand >= 0:
-        cuda.atomic.max(best, row, cand)
-    if last_block(ticket, row, flag) and tid == 0:
-        if cuda.atomic.add(rowi, (R_COUNT, row), 0) <= capacity:
-            rowi[R_MODE, row] = mode | MODE_COMPACT
-        else:  # too many at the cut: the radix digits and the draw read the whole row
-            rowi[R_MODE, row] = mode & ~MODE_LINEAR
-            rowi[R_COUNT, row] = 0
+    blocks = cuda.gridDim.x * cuda.gridDim.y
+    per = blocks // listed  # the whole grid spread over the listed rows
+    here = cuda.blockIdx.x * cuda.gridDim.y + cuda.blockIdx.y
+    if here < per * listed:  # block-uniform
+        row = linear_rows[2 + here // per]
+        vocab = logits.shape[1]
+        span = ((vocab + per - 1) // per + nt - 1) // nt * nt
+        start = (here % per) * span
+        end = min(start + span, vocab)
+        if tid == 0:
+            full[0] = 0
+        cuda.syncthreads()
+        mode = rowi[R_MODE, row]
+        key = row_key(uparams[U_SEED, row], uparams[U_STEP, row])
+        top, min_bound, kth, scale = row_bounds(rowf, row)
+        unscaled = scale == float32(1.0)  # rows with a token state: scores written back scaled
+        cut = int32(rowi[R_LINEAR_BIN, row])
+        capacity = cand_val.shape[1]
+        scores = logits[row]  # one row's view: 32-bit offsets from its start, not [row, v]
+        cand = int64(NONE)
+        xs = cuda.local.array(UNROLL, float32)
+        stop = uint32(end)
+        stride = uint32(nt)
+        last = stop - uint32(1)
+        bar = NEG_INF  # the warp's best noisy score so far (sampling_common.noisy_pack)
+        base0 = uint32(start)
+        while base0 < stop:  # block-uniform, for warp_bar
+            base = uint32(base0 + uint32(tid))
+            for u in range(UNROLL):
+                xs[u] = scores[min(uint32(base + uint32(u) * stride), last)]
+            for u in range(UNROLL):
+                v = uint32(base + uint32(u) * stride)
+                x = xs[u] if unscaled else xs[u] * scale
+                keep = v < stop and kept(x, min_bound, kth)
+                b = linear_bin(top, x) if keep else int32(-1)
+                if b > cut:
+                    cand = max(cand, noisy_pack(x, v, key, bar))
+                if full[0] == 0:
+                    want = b == cut or b == cut - 1
+                    slot = claim_slot(rowi, row, want, capacity, full)
+                    if want and slot < capacity:
+                        cand_val[row, slot] = xs[u]  # as stored: later passes multiply by scale
+                        cand_idx[row, slot] = v
+            bar = warp_bar(cand)
+            base0 = uint32(base0 + stride * uint32(UNROLL))
+        cand = block_max(buf, cand)
+        if tid == 0 and cand >= 0:
+            cuda.atomic.max(best, row, cand)
+        if last_of(ticket, row, flag, per) and tid == 0:
+            if cuda.atomic.add(rowi, (R_COUNT, row), 0) <= capacity:
+                rowi[R_MODE, row] = mode | MODE_COMPACT
+            else:  # too many at the cut: the radix digits and the draw read the whole row
+                rowi[R_MODE, row] = mode & ~MODE_LINEAR
+                rowi[R_COUNT, row] = 0
+    if last_of(linear_rows, 1, flag, blocks) and tid == 0:  # every block has read the list
+        linear_rows[0] = 0

@@ -197,13 +197,12 @@ def passes(logits, f, i, u, state, scratch, out, ring, slot) -> list:
         if kernel is sampling.radix_mass_kernel and linear is not None:
             calls.append(
                 lambda: linear[grid, threads, stream](
-                    logits, chunk_len, f, s.ticket, s.hist, s.rowf, s.rowi
+                    logits, chunk_len, f, s.ticket, s.hist, s.rowf, s.rowi, s.linear_rows
                 )  # fmt: skip
             )
             calls.append(
                 lambda: sampling.linear_split_kernel[grid, threads, stream](
                     logits,
-                    chunk_len,
                     u,
                     s.ticket,
                     s.best,
@@ -211,6 +210,7 @@ def passes(logits, f, i, u, state, scratch, out, ring, slot) -> list:
                     s.rowi,
                     s.cand_val,
                     s.cand_idx,
+                    s.linear_rows,
                 )  # fmt: skip
             )
         for digit in digits:
