@@ -30,7 +30,7 @@ import math
 
 from numba import cuda, float32, int32, int64, uint32
 
-from gpu.kernels.bf16 import key_to_f32
+from gpu.kernels.bf16 import key_to_f32, ordered_key
 from gpu.kernels.block_reduce import block_max
 from gpu.kernels.launch import device_function
 from gpu.kernels.pdl import grid_dependency_sync
@@ -133,7 +133,8 @@ def scores_kernel(
     # finish with it; truncating rows without top-k keep it for the draw's early exit
     # (sampling_draw.py: it is their token whenever the thresholds keep it).
     draws = not greedy and (not truncate or top_k == 0)
-    cand = int64(NONE)  # greedy rows' argmax, truncating rows' max
+    cand = int64(NONE)  # greedy rows' argmax
+    top = NEG_INF  # truncating rows' max: a float max, one instruction a score
     wcand = int64(NONE)
     xs = cuda.local.array(UNROLL, float32)
     cells = cuda.local.array(UNROLL, int32)
@@ -159,13 +160,16 @@ def scores_kernel(
                 if greedy or finite(x):
                     if draws:
                         wcand = max(wcand, noisy_pack(x, v, key, bar))
-                    if greedy or truncate:
-                        c = pack(x, v)
-                        cand = max(cand, c)
+                    if greedy:
+                        cand = max(cand, pack(x, v))
+                    elif truncate:
+                        top = max(top, x)
                         if fold:  # a finite scaled score: its key's top 11 bits
-                            cuda.atomic.add(lo, c >> 52, uint32(1))
+                            cuda.atomic.add(lo, ordered_key(x) >> 21, uint32(1))
         if draws:
             bar = warp_bar(wcand)
+    if truncate and top > NEG_INF:
+        cand = pack(top, 0)
     cand = block_max(buf, cand)
     if tid == 0 and cand >= 0:
         cuda.atomic.max(best, row, cand)
