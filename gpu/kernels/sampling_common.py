@@ -24,7 +24,7 @@ import math
 import numpy as np
 from numba import cuda, float32, float64, int32, int64, uint16, uint32, uint64
 
-from gpu.kernels.bf16 import key_to_f32, ordered_key
+from gpu.kernels.bf16 import bits_f32, key_to_f32, ordered_key
 from gpu.kernels.block_reduce import warp_max
 from gpu.kernels.launch import MAX_THREADS, SIMULATOR, device_function, threads
 from gpu.sampling.rng import LOW1, LOW2, MIX1, MIX2, SEED_MUL, STEP_MUL, TOKEN_MUL
@@ -153,10 +153,10 @@ def noisy_pack(x, v, key, bar):
 
     Most scores of a row cannot win, and the two logarithms are most of a draw's cost. The
     noise x needs is need = bar - x, less a slack for the float32 rounding of x + g; g > need
-    <=> E = -log(u) < c = exp(-need) <=> 1 - u < 1 - exp(-c), which is at most c. 1 - u is
-    exact from the 23 bits and c comes from one fast exponential, with a margin (c * 1.001) far
-    above its error: a skipped score is one the exact noise would also have left under bar, so
-    the max, and the token drawn, are the exact computation's. g never exceeds NOISE_CAP, so a
+    <=> E = -log(u) < c = exp(-need) <=> 1 - u < 1 - exp(-c), which is at most c. A lower
+    bound of 1 - u comes from the 23 bits by a bit cast, c from one fast exponential, with a
+    margin (c * 1.001) far above its error: a skipped score is one the exact noise would also
+    have left under bar, so the max, and the token drawn, are the exact computation's. g never exceeds NOISE_CAP, so a
     score further than that under bar needs no hash at all.
     """
     need = bar - x - (float32(1e-3) + float32(1e-5) * (abs(x) + abs(bar)))
@@ -165,8 +165,10 @@ def noisy_pack(x, v, key, bar):
     bits = noise_bits(key, v)
     if need > 0:
         c = fast_exp(-need)
-        d = (float32(uint32(0x7FFFFF) - uint32(bits)) + float32(0.5)) * float32(2.0**-23)
-        if d >= c * float32(1.001):  # d = 1 - u exactly, and q = 1 - exp(-c) <= c
+        # 1 - u = (m + 1/2) / 2**23 with m = 2**23 - 1 - bits: at least m / 2**23, which is
+        # 1.m - 1 exactly, the float with m as its mantissa (a bit cast, no conversion).
+        d = bits_f32(uint32(0x3F800000) | (uint32(0x7FFFFF) - uint32(bits))) - float32(1.0)
+        if d >= c * float32(1.001):  # 1 - u >= d, and q = 1 - exp(-c) <= c
             return int64(NONE)
     return pack(x + gumbel_of(bits), v)
 
