@@ -28,6 +28,7 @@ from gpu.kernels.sampling import (
     I_TOP_K,
     MIN_CHUNK,
     MODE_COMPACT,
+    MODE_EARLY,
     MODE_LINEAR,
     MODE_WON,
     NONE,
@@ -377,31 +378,33 @@ def test_penalties_with_truncation_and_state_counts(candidates):
 def test_early_exit_on_the_full_row_winner():
     """Pass 1's Gumbel-max over every finite score is the token wherever the thresholds keep
     it: a top-p row whose winner lies above the cut bin ends its top-p phase after the linear
-    mass pass (MODE_WON: no split, no exact cut), a min-p row skips the draw's pass; a row
-    whose winner is cut takes the full path. Each row is re-seeded to take the path asked; the
-    tokens are the twin's either way."""
+    mass pass (MODE_WON: no split, no exact cut, no select); a row whose winner is cut takes
+    the full path; a min-p row alone takes no winner in pass 1. Each row is re-seeded to take
+    the path asked; the tokens are the twin's either way."""
     rng, seed = fresh_rng()
     vocab = 2 * MIN_CHUNK + 19
-    spread = np.array([0.5, 2.0, 0.5, 2.0, 1.0, 1.0, 1.3, 1.3], np.float32)[:, None]
-    logits = (rng.standard_normal((8, vocab)) * spread).astype(np.float32)
+    spread = np.array([0.5, 2.0, 0.5, 2.0, 1.0, 1.0, 1.3, 1.3, 1.0], np.float32)[:, None]
+    logits = (rng.standard_normal((9, vocab)) * spread).astype(np.float32)
     state = _random_state(rng, 2, vocab)
     rows = [
         {"temperature": 0.7, "top_p": 0.9},  # flat: a nucleus of most of the row
         {"temperature": 1.0, "top_p": 0.5},  # peaked
         {"temperature": 0.7, "top_p": 0.9},
         {"temperature": 1.0, "top_p": 0.5},
-        {"temperature": 1.0, "min_p": 0.1},
-        {"temperature": 1.0, "min_p": 0.1},
+        {"temperature": 1.0, "top_p": 0.8, "min_p": 0.1},
+        {"temperature": 1.0, "top_p": 0.8, "min_p": 0.1},
         {"temperature": 0.7, "top_p": 0.9, "repetition": 1.1, "state_row": 0},  # the app's
         {"temperature": 0.7, "top_p": 0.9, "min_p": 0.05, "repetition": 1.1, "state_row": 1},
+        {"temperature": 1.0, "min_p": 0.1},
     ]
     md = _metadata(rows, rng)
     _force_early_exit(logits, md, state, [0, 1, 4, 6], True, margin=0.05)  # > 2 linear bins
     _force_early_exit(logits, md, state, [2, 3, 5, 7], False)
     scratch = sampler_scratch(len(rows), vocab)
     _check(logits, md, seed, state, scratch)
-    won = (synced(scratch.rowi)[R_MODE, : len(rows)] & MODE_WON) != 0
-    assert won.tolist() == [True, True, False, False, False, False, True, False]
+    modes = synced(scratch.rowi)[R_MODE, : len(rows)]
+    assert ((modes & MODE_WON) != 0).tolist() == [1, 1, 0, 0, 1, 0, 1, 0, 0]
+    assert ((modes & MODE_EARLY) != 0).tolist() == [1] * 8 + [0]
 
 
 def test_one_row_reused_scratch_and_many_draws():

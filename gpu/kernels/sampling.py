@@ -19,8 +19,8 @@ CUDA graph; THREADS threads a block, which the histogram loops assume):
 
 1. scores_kernel (sampling_scores.py): bans and penalties from the state (spec step 1), greedy
    argmax or x / T. Greedy and temperature-only rows finish here; truncating rows store their
-   max and min_p bound, and top-k rows count their first radix digit. Rows without top-k also
-   take their Gumbel-max over every finite score (R_WINNER): the token, wherever the
+   max and min_p bound, and top-k rows count their first radix digit. Top-p rows without top-k
+   also take their Gumbel-max over every finite score (R_WINNER): the token, wherever the
    thresholds keep it (the early exits of passes 3 and 5).
 2. radix_count_kernel x 2 (sampling_radix.py, digits 1 and 2 of 11, 11, 10 bits): top-k, the
    k-th largest kept score by radix select over the scores' order-preserving integer keys.

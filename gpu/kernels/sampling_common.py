@@ -156,8 +156,8 @@ def noisy_pack(x, v, key, bar):
     <=> E = -log(u) < c = exp(-need) <=> 1 - u < 1 - exp(-c), which is at most c. A lower
     bound of 1 - u comes from the 23 bits by a bit cast, c from one fast exponential, with a
     margin (c * 1.001) far above its error: a skipped score is one the exact noise would also
-    have left under bar, so the max, and the token drawn, are the exact computation's. g never exceeds NOISE_CAP, so a
-    score further than that under bar needs no hash at all.
+    have left under bar, so the max, and the token drawn, are the exact computation's. g never
+    exceeds NOISE_CAP, so a score further than that under bar needs no hash at all.
     """
     need = bar - x - (float32(1e-3) + float32(1e-5) * (abs(x) + abs(bar)))
     if need > NOISE_CAP:

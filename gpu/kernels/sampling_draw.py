@@ -6,13 +6,13 @@ probability reaches the top-p cut, adds Gumbel(0, 1) noise from the counter-base
 (gpu/sampling/rng.py, the twin's bits) and takes the packed max; the row's last block writes
 the token to out and the ring and counts it in the token state (spec step 4).
 
-First the early exit. Pass 1 took the Gumbel-max of rows without top-k over every finite score
-(R_WINNER, MODE_EARLY). The max over a set that holds it is the max over any subset that still
-holds it, ties included (the packed max orders them), so where the thresholds keep that winner
-it is the token, and the pass reads one score instead of the row. A draw from the whole row
-lands in the top-p 0.9 nucleus about nine times in ten (the nucleus holds 0.9 of the mass), in
-a min-p row nearly always: min-p rows then skip this pass's read of the row, and top-p rows
-whose winner lies above the cut bin skip the split and the select too (sampling_linear.py).
+First the early exit. Pass 1 took the Gumbel-max of top-p rows without top-k over every finite
+score (R_WINNER, MODE_EARLY). The max over a set that holds it is the max over any subset that
+still holds it, ties included (the packed max orders them), so where the thresholds keep that
+winner it is the token, and the pass reads one score instead of the row. A draw from the whole
+row lands in the top-p nucleus at least top_p of the time (the nucleus holds that much of the
+mass); most such rows already ended at the linear mass pass, their winner above the cut bin
+(sampling_linear.py), and skip the split and the select as well as this pass's read.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ scores_kernel applies the row's token state (spec step 1: bans, repetition, pres
 frequency penalties), then takes the greedy argmax or scales by the temperature: x * (1 / T),
 1 / T rounded once a row, as the twin does (a multiply a score, not an IEEE division's ~10
 instructions and slow-path check). Temperature-only rows draw their Gumbel-max here, the noise
-only where a score can still win (sampling_common.noisy_pack), and so do truncating rows
-without top-k: their full-row winner (R_WINNER) is the token wherever the thresholds keep it
+only where a score can still win (sampling_common.noisy_pack), and so do top-p rows without
+top-k: their full-row winner (R_WINNER) is the token wherever the thresholds keep it
 (sampling_draw.py). It costs the noise of a temperature row in this pass (~45 us at batch 256
 on an H100) and saves the split, the select and the draw's read of the row for most rows.
 Greedy rows and temperature-only rows finish here: each block offers its best (value,
@@ -130,9 +130,11 @@ def scores_kernel(
         cuda.syncthreads()
 
     # draws: the row's full-row Gumbel-max is taken here, into wcand. Temperature-only rows
-    # finish with it; truncating rows without top-k keep it for the draw's early exit
-    # (sampling_draw.py: it is their token whenever the thresholds keep it).
-    draws = not greedy and (not truncate or top_k == 0)
+    # finish with it; top-p rows without top-k keep it for the early exits (sampling_draw.py:
+    # it is their token whenever the thresholds keep it, at least top_p of the time, as the
+    # nucleus holds top_p of the mass). Not min-p alone: a flat row keeps a sliver of its mass
+    # (~10% at min_p 0.1 on random weights), and its noise here would cost more than it saves.
+    draws = not greedy and (not truncate or (top_k == 0 and top_p < 1))
     cand = int64(NONE)  # greedy rows' argmax
     top = NEG_INF  # truncating rows' max: a float max, one instruction a score
     wcand = int64(NONE)
