@@ -71,6 +71,7 @@ def gumbel_kernel(
         x = logits[row, packed_index(won)] * scale
         if kept(x, min_bound, kth) and (p_t == 0 or float32(math.exp(x - top)) / z >= p_t):
             if cuda.blockIdx.y == 0 and cuda.threadIdx.x == 0:
+                cuda.atomic.exch(best, row, int64(NONE))  # the split's max, if it ran: unread
                 finish_row(row, won, iparams[I_STATE_ROW, row], state, out, ring, ring_slot)
             return
     compact = (mode & MODE_COMPACT) != 0
