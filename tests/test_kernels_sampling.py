@@ -45,7 +45,8 @@ from gpu.kernels.sampling import (
     sample,
     sampler_scratch,
 )
-from gpu.kernels.sampling_common import R_COUNT, THREADS
+from gpu.kernels.sampling_common import BINS, R_COUNT, THREADS
+from gpu.kernels.sampling_linear import LINEAR_SCALE
 from gpu.sampling import SamplingMetadata, uniform_from_counter
 from gpu.sampling import rng as rng_mod
 from gpu.sampling import token_state as ts
@@ -202,20 +203,47 @@ def _check_thresholds(logits, md, state, scores, rowf, seed, won) -> None:
         )
 
 
-def _force_early_exit(logits, md, state, rows, early: bool, margin: float = 0.0) -> None:
-    """Re-seed each of `rows` until its Gumbel-max over every finite score (pass 1's winner)
-    is a token the twin keeps, at least `margin` above the twin's least kept score (early), or
-    one it cuts (not early): the draw's early exit taken or not (sampling_draw.py)."""
+def _linear_bins(top: float, x: np.ndarray) -> np.ndarray:
+    """sampling_linear.linear_bin on the host (float32 arithmetic), -1 for non-finite x."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = (np.float32(top) - x.astype(np.float32)) * LINEAR_SCALE
+        bins = np.where(d >= BINS - 1, 0, BINS - 1 - np.minimum(d, BINS).astype(np.int64))
+    return np.where(np.isfinite(x), bins, -1)
+
+
+def _force_path(logits, md, state, rows, path: str) -> None:
+    """Re-seed each of `rows` until its top-p draw ends where `path` says:
+    "winner": pass 1's Gumbel-max over every finite score is a token the twin keeps, 0.05 (over
+    two linear bins) above its least kept score: the row ends at the linear mass pass;
+    "above": pass 1's winner is cut, and the twin's token lies two bins or more above the cut's
+    linear bin: the row ends at the split, no score at the cut able to win;
+    "cut": the twin's token lies in the cut's bin: the exact cut and the draw run
+    (sampling_linear.py, sampling_draw.py)."""
     rng = np.random.default_rng(int(md.seed[rows[0]]) if rows else 0)
     for i in rows:
         scaled = _scaled(logits, md, state, i)
+        finite = np.isfinite(scaled)
         with np.errstate(invalid="ignore", divide="ignore"):
             keep = _twin_keep(scaled, md, i)
-        edge = scaled[keep].min()
-        for _ in range(500):
-            noise = rng_mod.gumbel_noise(int(md.seed[i]), int(md.step[i]), len(scaled))
-            w = int(np.argmax(np.where(np.isfinite(scaled), scaled + noise, -np.inf)))
-            if (keep[w] and scaled[w] >= edge + margin) == early:
+        edge, top = scaled[keep].min(), scaled[finite].max()
+        bins = _linear_bins(top, scaled)
+        cut_bin = bins[keep].min()
+        for _ in range(3000):
+            noisy = scaled + rng_mod.gumbel_noise(int(md.seed[i]), int(md.step[i]), len(scaled))
+            w = int(np.argmax(np.where(finite, noisy, -np.inf)))
+            if path == "winner":
+                ok = keep[w] and scaled[w] >= edge + 0.05
+            else:
+                token = int(np.argmax(np.where(keep, noisy, -np.inf)))
+                near = (bins == cut_bin) | (bins == cut_bin - 1)  # the split's copied bins
+                # (A token in the cut's bin is never ended on: not by pass 1's winner, which
+                # would be it, nor by the split, whose copied bins hold it.)
+                if path == "above":
+                    ok = not keep[w] and bins[token] >= cut_bin + 2
+                    ok = ok and not (near & (noisy >= noisy[token])).any()
+                else:
+                    ok = bins[token] == cut_bin
+            if ok:
                 break
             md.seed[i] = rng.integers(0, 2**63)
         else:
@@ -307,7 +335,7 @@ def test_top_p_and_min_p(candidates):
     ]
     md = _metadata(rows, rng)
     state = ts.new_state(1, vocab)
-    _force_early_exit(logits, md, state, [0, 3, 7], False)  # the full path: the exact cut
+    _force_path(logits, md, state, [0, 3, 7], "cut")  # the full path: the exact cut
     scratch = sampler_scratch(len(rows), vocab, candidates=candidates)
     _check(logits, md, seed, state, scratch)
     _compaction(scratch, len(rows), candidates)
@@ -340,7 +368,7 @@ def test_top_p_large_copies():
     ]
     md = _metadata(rows, rng)
     state = ts.new_state(1, vocab)
-    _force_early_exit(logits, md, state, [0, 2, 3], False)  # the split and the copy
+    _force_path(logits, md, state, [0, 2, 3], "cut")  # the split, the copy, the cut
     scratch = sampler_scratch(len(rows), vocab)
     _check(logits, md, seed, state, scratch)
     rowi = synced(scratch.rowi)
@@ -375,17 +403,18 @@ def test_penalties_with_truncation_and_state_counts(candidates):
     assert np.array_equal(after, expected), f"KERNEL_TEST_SEED={seed}"
 
 
-def test_early_exit_on_the_full_row_winner():
-    """Pass 1's Gumbel-max over every finite score is the token wherever the thresholds keep
-    it: a top-p row whose winner lies above the cut bin ends its top-p phase after the linear
-    mass pass (MODE_WON: no split, no exact cut, no select); a row whose winner is cut takes
-    the full path; a min-p row alone takes no winner in pass 1. Each row is re-seeded to take
-    the path asked; the tokens are the twin's either way."""
+def test_early_exits_on_a_winner():
+    """Top-p ends on a winner wherever it can (MODE_WON), the twin's token either way: pass 1's
+    Gumbel-max over every finite score, where it lies above the cut bin, ends the row at the
+    linear mass pass (no split, no exact cut, no select); else the split's Gumbel-max above
+    the cut bin, where no score of the two copied bins can beat it; else the exact cut and the
+    draw run. A min-p row alone takes no winner in pass 1. Each row is re-seeded to take the
+    path asked."""
     rng, seed = fresh_rng()
     vocab = 2 * MIN_CHUNK + 19
-    spread = np.array([0.5, 2.0, 0.5, 2.0, 1.0, 1.0, 1.3, 1.3, 1.0], np.float32)[:, None]
-    logits = (rng.standard_normal((9, vocab)) * spread).astype(np.float32)
-    state = _random_state(rng, 2, vocab)
+    spread = np.array([0.5, 2.0, 0.5, 2.0, 1.0, 1.0, 1.3, 1.3, 1.0, 0.5], np.float32)[:, None]
+    logits = (rng.standard_normal((10, vocab)) * spread).astype(np.float32)
+    state = _random_state(rng, 3, vocab)
     rows = [
         {"temperature": 0.7, "top_p": 0.9},  # flat: a nucleus of most of the row
         {"temperature": 1.0, "top_p": 0.5},  # peaked
@@ -396,15 +425,18 @@ def test_early_exit_on_the_full_row_winner():
         {"temperature": 0.7, "top_p": 0.9, "repetition": 1.1, "state_row": 0},  # the app's
         {"temperature": 0.7, "top_p": 0.9, "min_p": 0.05, "repetition": 1.1, "state_row": 1},
         {"temperature": 1.0, "min_p": 0.1},
+        {"temperature": 0.7, "top_p": 0.9, "repetition": 1.1, "state_row": 2},
     ]
     md = _metadata(rows, rng)
-    _force_early_exit(logits, md, state, [0, 1, 4, 6], True, margin=0.05)  # > 2 linear bins
-    _force_early_exit(logits, md, state, [2, 3, 5, 7], False)
+    _force_path(logits, md, state, [0, 1, 4, 6], "winner")
+    _force_path(logits, md, state, [2, 3, 9], "above")
+    _force_path(logits, md, state, [5, 7], "cut")
     scratch = sampler_scratch(len(rows), vocab)
     _check(logits, md, seed, state, scratch)
     modes = synced(scratch.rowi)[R_MODE, : len(rows)]
-    assert ((modes & MODE_WON) != 0).tolist() == [1, 1, 0, 0, 1, 0, 1, 0, 0]
-    assert ((modes & MODE_EARLY) != 0).tolist() == [1] * 8 + [0]
+    assert ((modes & MODE_WON) != 0).tolist() == [1, 1, 1, 1, 1, 0, 1, 0, 0, 1]
+    assert ((modes & MODE_LINEAR) != 0).tolist() == [0] * 5 + [1, 0, 1, 0, 0]
+    assert ((modes & MODE_EARLY) != 0).tolist() == [1] * 8 + [0, 1]
 
 
 def test_one_row_reused_scratch_and_many_draws():

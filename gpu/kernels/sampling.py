@@ -207,8 +207,8 @@ SIGNATURES = {
         " float32[:, ::1], int64[:, ::1], int32[::1])"
     ],
     "linear_split_kernel": [
-        "void(float32[:, ::1], uint64[:, ::1], int32[::1], int64[::1], float32[:, ::1],"
-        f" int64[:, ::1], {_CANDIDATES}, int32[::1])"
+        "void(float32[:, ::1], uint64[:, ::1], int32[::1], int64[::1], int64[::1],"
+        f" float32[:, ::1], int64[:, ::1], {_CANDIDATES}, int32[::1])"
     ],
     "gumbel_kernel": [
         "void(float32[:, ::1], int64, int32[:, ::1], uint64[:, ::1],"
@@ -298,7 +298,8 @@ def sample(
         logits, chunk_len, fparams, s.ticket, s.hist, s.rowf, s.rowi, s.linear_rows
     )  # fmt: skip
     linear_split_kernel[grid, THREADS, stream](
-        logits, uparams, s.ticket, s.best, s.rowf, s.rowi, s.cand_val, s.cand_idx, s.linear_rows
+        logits, uparams, s.ticket, s.best, s.winner, s.rowf, s.rowi, s.cand_val, s.cand_idx,
+        s.linear_rows,
     )  # fmt: skip
     for digit in (0, 1, 2):
         radix_mass_kernel[grid, THREADS, stream](

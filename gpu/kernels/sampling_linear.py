@@ -173,7 +173,7 @@ def linear_mass_kernel(logits, chunk_len, fparams, ticket, hist, rowf, rowi, lin
 
 @cuda.jit(cache=True)
 def linear_split_kernel(
-    logits, uparams, ticket, best, rowf, rowi, cand_val, cand_idx, linear_rows
+    logits, uparams, ticket, best, winner, rowf, rowi, cand_val, cand_idx, linear_rows
 ):  # fmt: skip
     grid_dependency_sync()
     listed = linear_rows[0]  # rows the mass pass left to split (most ended on their winner)
@@ -203,7 +203,8 @@ def linear_split_kernel(
         cut = int32(rowi[R_LINEAR_BIN, row])
         capacity = cand_val.shape[1]
         scores = logits[row]  # one row's view: 32-bit offsets from its start, not [row, v]
-        cand = int64(NONE)
+        cand = int64(NONE)  # the Gumbel-max above the cut bin
+        edge = int64(NONE)  # ... and over the two copied bins (see below)
         xs = cuda.local.array(UNROLL, float32)
         stop = uint32(end)
         stride = uint32(nt)
@@ -221,6 +222,8 @@ def linear_split_kernel(
                 b = linear_bin(top, x) if keep else int32(-1)
                 if b > cut:
                     cand = max(cand, noisy_pack(x, v, key, bar))
+                elif b >= cut - 1:  # b >= 0: kept
+                    edge = max(edge, noisy_pack(x, v, key, bar))
                 if full[0] == 0:
                     want = b == cut or b == cut - 1
                     slot = claim_slot(rowi, row, want, capacity, full)
@@ -232,8 +235,17 @@ def linear_split_kernel(
         cand = block_max(buf, cand)
         if tid == 0 and cand >= 0:
             cuda.atomic.max(best, row, cand)
+        edge = block_max(buf, edge)
+        if tid == 0 and edge >= 0:
+            cuda.atomic.max(winner, row, edge)
         if last_of(ticket, row, flag, per) and tid == 0:
-            if cuda.atomic.add(rowi, (R_COUNT, row), 0) <= capacity:
+            edge = cuda.atomic.exch(winner, row, int64(NONE))
+            above = cuda.atomic.max(best, row, int64(NONE))  # (a read)
+            if edge < above:  # no score at the cut can win: the exact cut is not needed
+                cuda.atomic.exch(best, row, int64(NONE))
+                rowi[R_WINNER, row] = above  # the draw takes it (sampling_draw.py)
+                rowi[R_MODE, row] = (mode & ~(MODE_TOP_P | MODE_LINEAR)) | MODE_EARLY | MODE_WON
+            elif cuda.atomic.add(rowi, (R_COUNT, row), 0) <= capacity:
                 rowi[R_MODE, row] = mode | MODE_COMPACT
             else:  # too many at the cut: the radix digits and the draw read the whole row
                 rowi[R_MODE, row] = mode & ~MODE_LINEAR

@@ -206,6 +206,7 @@ def passes(logits, f, i, u, state, scratch, out, ring, slot) -> list:
                     u,
                     s.ticket,
                     s.best,
+                    s.winner,
                     s.rowf,
                     s.rowi,
                     s.cand_val,
