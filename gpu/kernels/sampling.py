@@ -29,7 +29,8 @@ CUDA graph; THREADS threads a block, which the histogram loops assume):
 3. linear_mass_kernel, linear_split_kernel (sampling_linear.py): top-p's cut bin on a linear
    scale of the scores; a row whose pass-1 winner lies above it is done with top-p (about
    top_p of the rows: the winner is a draw from the whole row). The others: the Gumbel-max
-   above the cut bin, and the bin copied out.
+   above the cut bin, which is the token unless a score of the cut's bins beats it, and the
+   bins copied out for that case.
 4. radix_mass_kernel x 3 (sampling_radix.py): top-p's exact cut by radix select with masses
    exp(s - max) in fixed point, over the copy (or, where the copy overflowed, the row). A
    compact row's three digits run in the first launch, in one block (compact_mass_select:

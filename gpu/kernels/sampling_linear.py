@@ -22,7 +22,10 @@ e**-24 a token). The bin is monotone in the score, so a higher bin holds only hi
    the same float32 probability as the cut, and the twin keeps ties). The row turns compact:
    the radix mass digits then find the exact cut inside the copy, given the mass still
    needed (R_REMAIN) and Z (R_Z) from pass 1, and the draw reads only the copy, merging into
-   the packed max this pass left.
+   the packed max this pass left. Unless no score of the two copied bins can win: the pass
+   takes their Gumbel-max too, and where it is lower than the max above bin B, that max is
+   the token whatever the exact cut (MODE_WON): no select, no draw over the copy. Only a token
+   at the cut itself, a few scores of the nucleus's thousands, needs the exact cut.
 
 The mass pass's last block first checks pass 1's full-row Gumbel-max (R_WINNER, see
 sampling_draw.py): if it is kept and lies above bin B it is in the nucleus, beats every score
