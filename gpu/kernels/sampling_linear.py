@@ -33,19 +33,19 @@ there, and is the token. The row's top-p phase ends (MODE_WON): no split, no exa
 the draw takes the winner. With top-p 0.9 that is about nine rows in ten. The others read the
 whole row twice after the scores pass, flat or peaked. A row whose cut falls in bin 0 (top_p
 within ~1e-6 of 1 on a flat row) or whose two bins overflow the buffer (thousands of scores
-within 0.024 of each other: equal logits) is left as it was: the
-radix digits run over the whole row as before, with the same result (the Gumbel-max over the
-row is a max: taking part of it twice changes nothing). Rows already compact after top-k
-skip both passes: the radix digits read their copy.
+within 0.024 of each other: equal logits) is left as it was: the radix digits run over the
+whole row as before, with the same result (the Gumbel-max over the row is a max: taking part
+of it twice changes nothing). Rows already compact after top-k skip both passes: the radix
+digits read their copy.
 
-Both passes are bound by the instructions an element costs, not by HBM (at batch 256 the
-split pass took 286 us where reading the row takes ~40), so their loops are kept lean: a row
-whose scores were written back scaled (scale 1: rows with a token state, the app's defaults)
-skips the scaling, and offsets are 32-bit from the row's start (no 64-bit index arithmetic
-and no negative-index wrap-around per load). H100, logits of std 1.3, batch 256: linear mass
-139 -> 115 us, linear split 286 -> 255; the noise above the cut bin drawn only where a score
-can still win (sampling_common.noisy_pack), 253 -> 206 us: what is left is the row's read and
-the binning, not the noise (186 us with no noise at all).
+Both passes are bound by the instructions an element costs, not by HBM (ncu: SM throughput
+~62%, DRAM 20-38%), so their loops are kept lean: a row whose scores were written back scaled
+(scale 1: rows with a token state, the app's defaults) skips the scaling, offsets and bins are
+32-bit from the row's start (no 64-bit index arithmetic, no negative-index wrap-around a load),
+and the split draws noise only where a score can still win (sampling_common.noisy_pack). The
+split reads only the rows the mass pass leaves (linear_rows), with the whole grid spread over
+them: on their own one or two blocks a row at batch 256 they took as long as every row (160
+us; 36 spread). H100, logits of std 1.3, batch 256: linear mass 112 us, split 36.
 """
 
 from __future__ import annotations
@@ -160,8 +160,7 @@ def linear_mass_kernel(logits, chunk_len, fparams, ticket, hist, rowf, rowi, lin
         # Pass 1's full-row Gumbel-max above the cut bin is in the nucleus (as the split's
         # scores above it are): it beats every score the nucleus holds, so it is the token.
         # The row's top-p phase ends here; the draw takes it (sampling_draw.py).
-        xw = scores[packed_index(won)]
-        xw = xw if unscaled else xw * scale
+        xw = scores[packed_index(won)] * scale
         if kept(xw, min_bound, kth) and linear_bin(top, xw) > sel[0]:
             rowi[R_MODE, row] = (mode & ~MODE_TOP_P) | MODE_WON
             return
