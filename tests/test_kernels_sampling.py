@@ -138,6 +138,7 @@ def _check(logits, md, seed, state=None, scratch=None) -> tuple[np.ndarray, np.n
     # The scratch is left ready for the next call.
     assert not synced(scratch.ticket).any() and not synced(scratch.hist).any()
     assert not synced(scratch.linear_rows)[:2].any()  # the split list: count and ticket
+    assert not synced(scratch.hist_rows)[:2].any()  # the histogram pass's list
     assert (synced(scratch.best) == NONE).all() and (synced(scratch.winner) == NONE).all()
     won = (synced(scratch.rowi)[R_MODE, :n] & MODE_WON) != 0
     _check_thresholds(logits, md, state, synced(d_logits), synced(scratch.rowf), seed, won)
@@ -215,10 +216,11 @@ def _force_path(logits, md, state, rows, path: str) -> None:
     """Re-seed each of `rows` until its top-p draw ends where `path` says:
     "winner": pass 1's Gumbel-max over every finite score is a token the twin keeps, 0.05 (over
     two linear bins) above its least kept score: the row ends at the linear mass pass;
+    "edge": the same, but the winner lies in the cut's own bin (above its 3 least kept);
     "above": pass 1's winner is cut, and the twin's token lies two bins or more above the cut's
     linear bin: the row ends at the split, no score at the cut able to win;
-    "cut": the twin's token lies in the cut's bin: the exact cut and the draw run
-    (sampling_linear.py, sampling_draw.py)."""
+    "cut": pass 1's winner is cut and the twin's token lies in the cut's bin: the exact cut
+    and the draw run (sampling_linear.py, sampling_draw.py)."""
     rng = np.random.default_rng(int(md.seed[rows[0]]) if rows else 0)
     for i in rows:
         scaled = _scaled(logits, md, state, i)
@@ -228,11 +230,13 @@ def _force_path(logits, md, state, rows, path: str) -> None:
         edge, top = scaled[keep].min(), scaled[finite].max()
         bins = _linear_bins(top, scaled)
         cut_bin = bins[keep].min()
-        for _ in range(3000):
+        for _ in range(30000):  # ("cut": one seed in ~1,000 on the flattest rows)
             noisy = scaled + rng_mod.gumbel_noise(int(md.seed[i]), int(md.step[i]), len(scaled))
             w = int(np.argmax(np.where(finite, noisy, -np.inf)))
             if path == "winner":
                 ok = keep[w] and scaled[w] >= edge + 0.05
+            elif path == "edge":  # (clear of the cut's float rounding by two kept scores)
+                ok = keep[w] and bins[w] == cut_bin and scaled[w] > np.sort(scaled[keep])[2]
             else:
                 token = int(np.argmax(np.where(keep, noisy, -np.inf)))
                 near = (bins == cut_bin) | (bins == cut_bin - 1)  # the split's copied bins
@@ -241,8 +245,8 @@ def _force_path(logits, md, state, rows, path: str) -> None:
                 if path == "above":
                     ok = not keep[w] and bins[token] >= cut_bin + 2
                     ok = ok and not (near & (noisy >= noisy[token])).any()
-                else:
-                    ok = bins[token] == cut_bin
+                else:  # (pass 1's winner turned down: else the accept test takes it)
+                    ok = not keep[w] and bins[token] == cut_bin
             if ok:
                 break
             md.seed[i] = rng.integers(0, 2**63)
@@ -317,8 +321,8 @@ def test_top_k_edges(candidates):
 def test_top_p_and_min_p(candidates):
     rng, seed = fresh_rng()
     vocab = MIN_CHUNK + 33
-    logits = (rng.standard_normal((8, vocab)) * 2).astype(np.float32)
-    logits[2] = 0.25  # all equal: the cut is a tie of every token
+    logits = (rng.standard_normal((9, vocab)) * 2).astype(np.float32)
+    logits[[2, 8]] = 0.25  # all equal: the cut is a tie of every token
     logits[3, :8] = 5.0  # ties at the top-p edge
     logits[4, rng.permutation(vocab)[:20]] = -np.inf
     logits[6] = -np.inf
@@ -326,12 +330,13 @@ def test_top_p_and_min_p(candidates):
     rows = [
         {"temperature": 1.0, "top_p": 0.6},
         {"temperature": 1.5, "min_p": 0.2},
-        {"temperature": 1.0, "top_p": 0.5},
+        {"temperature": 1.0, "top_k": vocab, "top_p": 0.5},  # no pass-1 winner: the cut's tie
         {"temperature": 0.7, "top_p": 0.3},
         {"temperature": 0.9, "top_k": 40, "top_p": 0.8, "min_p": 0.05},
         {"temperature": 1.0, "top_p": 1.0, "min_p": 0.01},
         {"temperature": 1.0, "top_p": 0.5},  # every logit -inf: token 0
         {"temperature": 0.7, "top_p": 0.9},
+        {"temperature": 1.0, "top_p": 0.5},  # the tie holds pass 1's winner: ends on it
     ]
     md = _metadata(rows, rng)
     state = ts.new_state(1, vocab)
@@ -348,6 +353,7 @@ def test_top_p_and_min_p(candidates):
         assert linear[[0, 2, 3, 7]].all()
     else:
         assert not linear[2]
+    assert (modes[8] & MODE_WON) != 0 and not linear[8]
 
 
 def test_top_p_large_copies():
@@ -358,11 +364,12 @@ def test_top_p_large_copies():
     vocab = 8 * THREADS + 77
     logits = (rng.standard_normal((4, vocab)) * 0.01).astype(np.float32)  # flat: a few bins
     logits[0] *= 0.2  # flatter still: nearly the whole row in the two cut bins
-    logits[1] = 0.25  # all equal: every score in the top bin, a tie at the cut
+    logits[1] = 0.25  # all equal: every score in the top bin, a tie at the cut (top-k: no
+    # pass-1 winner, which the tie would hold)
     logits[2] = rng.standard_normal(vocab) * 1.3  # random weights' spread at T 0.7
     rows = [
         {"temperature": 1.0, "top_p": 0.5},
-        {"temperature": 1.0, "top_p": 0.5},
+        {"temperature": 1.0, "top_k": vocab, "top_p": 0.5},
         {"temperature": 0.7, "top_p": 0.9},
         {"temperature": 0.8, "top_p": 0.3, "repetition": 1.1, "state_row": 0},  # scale 1
     ]
@@ -437,6 +444,35 @@ def test_early_exits_on_a_winner():
     assert ((modes & MODE_WON) != 0).tolist() == [1, 1, 1, 1, 1, 0, 1, 0, 0, 1]
     assert ((modes & MODE_LINEAR) != 0).tolist() == [0] * 5 + [1, 0, 1, 0, 0]
     assert ((modes & MODE_EARLY) != 0).tolist() == [1] * 8 + [0, 1]
+
+
+def test_winner_in_the_cut_bin():
+    """The accept test is exact, not a bin's: a pass-1 winner in the cut's own linear bin, kept
+    by the nucleus, still ends its row at the mass pass (flat rows, whose cut bin holds a tenth
+    of the row), a row with a token state and a min-p row among them."""
+    rng, seed = fresh_rng()
+    vocab = 2 * MIN_CHUNK + 7
+    logits = (rng.standard_normal((3, vocab)) * 0.05).astype(np.float32)
+    state = _random_state(rng, 1, vocab)
+    rows = [
+        {"temperature": 1.0, "top_p": 0.5},
+        {"temperature": 0.7, "top_p": 0.9, "repetition": 1.1, "state_row": 0},
+        {"temperature": 1.0, "top_p": 0.6, "min_p": 0.9},
+    ]
+    md = _metadata(rows, rng)
+    for i in range(len(rows)):  # a top_p whose cut bin keeps 20 scores or more
+        for _ in range(100):
+            scaled = _scaled(logits, md, state, i)
+            keep = _twin_keep(scaled, md, i)
+            bins = _linear_bins(scaled[np.isfinite(scaled)].max(), scaled)
+            if (bins[keep] == bins[keep].min()).sum() >= 20:
+                break
+            md.top_p[i] = rng.uniform(0.3, 0.95)
+    _force_path(logits, md, state, [0, 1, 2], "edge")
+    scratch = sampler_scratch(len(rows), vocab)
+    _check(logits, md, seed, state, scratch)
+    modes = synced(scratch.rowi)[R_MODE, : len(rows)]
+    assert ((modes & MODE_WON) != 0).all() and not ((modes & MODE_LINEAR) != 0).any()
 
 
 def test_one_row_reused_scratch_and_many_draws():

@@ -122,7 +122,11 @@ from gpu.kernels.sampling_common import (
     uniform,
 )
 from gpu.kernels.sampling_draw import gumbel_kernel
-from gpu.kernels.sampling_linear import linear_mass_kernel, linear_split_kernel
+from gpu.kernels.sampling_linear import (
+    linear_hist_kernel,
+    linear_mass_kernel,
+    linear_split_kernel,
+)
 from gpu.kernels.sampling_radix import radix_count_kernel, radix_mass_kernel
 from gpu.kernels.sampling_scores import scores_kernel
 
@@ -175,6 +179,7 @@ __all__ = [
     "SamplerScratch",
     "chunking",
     "gumbel_kernel",
+    "linear_hist_kernel",
     "linear_mass_kernel",
     "linear_split_kernel",
     "radix_count_kernel",
@@ -205,7 +210,11 @@ SIGNATURES = {
     ],
     "linear_mass_kernel": [
         "void(float32[:, ::1], int64, float32[:, ::1], int32[::1], int64[:, ::1],"
-        " float32[:, ::1], int64[:, ::1], int32[::1])"
+        " float32[:, ::1], int64[:, ::1], int32[::1], int32[::1])"
+    ],
+    "linear_hist_kernel": [
+        "void(float32[:, ::1], float32[:, ::1], int32[::1], int64[:, ::1],"
+        " float32[:, ::1], int64[:, ::1], int32[::1], int32[::1])"
     ],
     "linear_split_kernel": [
         "void(float32[:, ::1], uint64[:, ::1], int32[::1], int64[::1], int64[::1],"
@@ -233,6 +242,8 @@ class SamplerScratch:
     cand_idx: object  # int32 [max_rows, candidates]: ... and their token ids
     linear_rows: object  # int32 [max_rows + 2]: the rows top-p's split pass reads (a count,
     # the pass's ticket, the rows: sampling_linear.py), zero when idle
+    hist_rows: object  # int32 [max_rows + 2]: the rows whose pass-1 winner the accept test
+    # turned down, for the linear histogram pass (the same layout), zero when idle
     max_rows: int
     vocab: int
 
@@ -255,6 +266,7 @@ def sampler_scratch(
         cand_val=cuda.device_array((rows, candidates), np.float32, stream=stream),
         cand_idx=cuda.device_array((rows, candidates), np.int32, stream=stream),
         linear_rows=cuda.to_device(np.zeros(rows + 2, np.int32), stream=stream),
+        hist_rows=cuda.to_device(np.zeros(rows + 2, np.int32), stream=stream),
         max_rows=max_rows,
         vocab=vocab,
     )
@@ -296,7 +308,10 @@ def sample(
             s.cand_val, s.cand_idx,
         )  # fmt: skip
     linear_mass_kernel[grid, THREADS, stream](
-        logits, chunk_len, fparams, s.ticket, s.hist, s.rowf, s.rowi, s.linear_rows
+        logits, chunk_len, fparams, s.ticket, s.hist, s.rowf, s.rowi, s.linear_rows, s.hist_rows
+    )  # fmt: skip
+    linear_hist_kernel[grid, THREADS, stream](
+        logits, fparams, s.ticket, s.hist, s.rowf, s.rowi, s.linear_rows, s.hist_rows
     )  # fmt: skip
     linear_split_kernel[grid, THREADS, stream](
         logits, uparams, s.ticket, s.best, s.winner, s.rowf, s.rowi, s.cand_val, s.cand_idx,

@@ -196,6 +196,29 @@ def kept(x, min_bound, kth):
 
 
 @device_function
+def fixed_mass(x, top):
+    """A kept score's mass exp(x - top) in fixed point (MASS_SCALE units, rounded): every
+    top-p pass sums these same integers, so its sums are exact and in any order the same."""
+    return int64(float64(float32(math.exp(x - top))) * MASS_SCALE + 0.5)
+
+
+@device_function
+def listed_share(listed_rows, listed, vocab):
+    """(row, start, end, blocks) for this block where the whole grid spreads over the `listed`
+    rows of a work list (a count, a ticket, the rows): blocks // listed blocks a row, each an
+    equal slice; row -1 for a block left over. Block-uniform."""
+    blocks = cuda.gridDim.x * cuda.gridDim.y
+    per = blocks // listed
+    here = cuda.blockIdx.x * cuda.gridDim.y + cuda.blockIdx.y
+    if here >= per * listed:
+        return int32(-1), int32(0), int32(0), per
+    nt = cuda.blockDim.x
+    span = ((vocab + per - 1) // per + nt - 1) // nt * nt
+    start = (here % per) * span
+    return int32(listed_rows[2 + here // per]), start, min(start + span, vocab), per
+
+
+@device_function
 def row_bounds(rowf, row):
     """The row's (max, min_p bound, top-k threshold, scale), what every pass after the scores
     reads: a kept score is kept(x * scale, min_bound, kth), its mass exp(x * scale - max)."""

@@ -54,7 +54,7 @@ import math
 
 from numba import cuda, float32, float64, int32, int64, uint32
 
-from gpu.kernels.block_reduce import block_max
+from gpu.kernels.block_reduce import block_max, block_sum
 from gpu.kernels.launch import device_function
 from gpu.kernels.pdl import grid_dependency_sync
 from gpu.kernels.sampling_common import (
@@ -81,9 +81,11 @@ from gpu.kernels.sampling_common import (
     UNROLL,
     block_share,
     claim_slot,
+    fixed_mass,
     kept,
     last_block,
     last_of,
+    listed_share,
     noisy_pack,
     packed_index,
     row_bounds,
@@ -111,13 +113,88 @@ def linear_bin(top, x):
     return int32(int32(BINS - 1) - int32(d))  # (int32 - int32 widens to int64 in Numba)
 
 
+@device_function
+def mass_sums(scores, start, end, top, min_bound, kth, scale, xw):
+    """This thread's share of (Z, A) over scores[start:end]: the fixed-point masses of the
+    kept scores, and of those strictly above xw. Two running sums a thread: no histogram, no
+    shared-memory atomic a score."""
+    nt = cuda.blockDim.x
+    unscaled = scale == float32(1.0)
+    z = int64(0)
+    a = int64(0)
+    xs = cuda.local.array(UNROLL, float32)
+    stop = uint32(end)
+    stride = uint32(nt)
+    last = stop - uint32(1)
+    base = uint32(start) + uint32(cuda.threadIdx.x)
+    while base < stop:
+        for u in range(UNROLL):
+            xs[u] = scores[min(uint32(base + uint32(u) * stride), last)]
+        for u in range(UNROLL):
+            x = xs[u] if unscaled else xs[u] * scale
+            if uint32(base + uint32(u) * stride) < stop and kept(x, min_bound, kth):
+                m = fixed_mass(x, top)
+                z += m
+                if x > xw:
+                    a += m
+        base = uint32(base + stride * uint32(UNROLL))
+    return z, a
+
+
+@device_function
+def bin_masses(scores, start, end, top, min_bound, kth, scale, lo, hi):
+    """Every kept score of scores[start:end] into this block's histogram: its mass into its
+    linear bin (lo, hi: sampling_histogram.add_mass; cleared and synced by the caller)."""
+    nt = cuda.blockDim.x
+    unscaled = scale == float32(1.0)
+    xs = cuda.local.array(UNROLL, float32)
+    stop = uint32(end)
+    stride = uint32(nt)
+    last = stop - uint32(1)
+    base = uint32(start) + uint32(cuda.threadIdx.x)
+    while base < stop:
+        for u in range(UNROLL):
+            xs[u] = scores[min(uint32(base + uint32(u) * stride), last)]
+        for u in range(UNROLL):
+            x = xs[u] if unscaled else xs[u] * scale
+            if uint32(base + uint32(u) * stride) < stop and kept(x, min_bound, kth):
+                add_mass(lo, hi, linear_bin(top, x), fixed_mass(x, top))
+        base = uint32(base + stride * uint32(UNROLL))
+
+
+@device_function
+def nucleus_needs(fparams, row, total):
+    """The mass the nucleus must reach, in fixed point: ceil(top_p * Z), at least 1."""
+    return max(int64(math.ceil(float64(fparams[F_TOP_P, row]) * total)), 1)
+
+
+@device_function
+def cut_bin(hist, row, mode, fparams, rowf, rowi, linear_rows, hs, scan, sel):
+    """The row's last block, its histogram complete: Z, and the bin B where the mass from the
+    top reaches top_p * Z; the row is listed for the split. Every thread of the block calls
+    it."""
+    total = read_histogram(hist, row, BINS, hs, scan)
+    remain = nucleus_needs(fparams, row, total)
+    find_bin(hs, BINS, scan, remain, sel)
+    if cuda.threadIdx.x == 0 and sel[0] > 0:  # bin 0 or no bin: the radix digits do the row
+        rowf[R_Z, row] = float32(float64(total) / MASS_SCALE)
+        rowi[R_LINEAR_BIN, row] = sel[0]
+        rowi[R_REMAIN, row] = remain - sel[1]
+        rowi[R_COUNT, row] = 0
+        rowi[R_MODE, row] = mode | MODE_LINEAR
+        linear_rows[2 + cuda.atomic.add(linear_rows, 0, int32(1))] = row  # for the split
+
+
 @cuda.jit(cache=True)
-def linear_mass_kernel(logits, chunk_len, fparams, ticket, hist, rowf, rowi, linear_rows):
+def linear_mass_kernel(
+    logits, chunk_len, fparams, ticket, hist, rowf, rowi, linear_rows, hist_rows
+):  # fmt: skip
     grid_dependency_sync()
     row = cuda.blockIdx.x
     mode = rowi[R_MODE, row]
     if (mode & MODE_TOP_P) == 0 or (mode & MODE_COMPACT) != 0:
         return
+    buf = cuda.shared.array(SLOTS, int64)
     hs = cuda.shared.array(BINS, int64)  # the row's histogram, in the last block
     lo = cuda.shared.array(BINS, uint32)
     hi = cuda.shared.array(BINS, uint32)
@@ -125,52 +202,66 @@ def linear_mass_kernel(logits, chunk_len, fparams, ticket, hist, rowf, rowi, lin
     sel = cuda.shared.array(2, int64)
     flag = cuda.shared.array(1, int32)
     tid = cuda.threadIdx.x
-    nt = cuda.blockDim.x
     top, min_bound, kth, scale = row_bounds(rowf, row)
-    clear_bins(lo, hi, BINS)
-    cuda.syncthreads()
-    unscaled = scale == float32(1.0)
     start, end = block_share(rowi, row, False, chunk_len, logits.shape[1])
     scores = logits[row]  # 32-bit offsets from the row's start (the module docstring)
-    xs = cuda.local.array(UNROLL, float32)
-    stop = uint32(end)
-    stride = uint32(nt)
-    last = stop - uint32(1)
-    base = uint32(start) + uint32(tid)
-    while base < stop:
-        for u in range(UNROLL):
-            xs[u] = scores[min(uint32(base + uint32(u) * stride), last)]
-        for u in range(UNROLL):
-            x = xs[u] if unscaled else xs[u] * scale
-            if uint32(base + uint32(u) * stride) < stop and kept(x, min_bound, kth):
-                e = float32(math.exp(x - top))
-                add_mass(lo, hi, linear_bin(top, x), int64(float64(e) * MASS_SCALE + 0.5))
-        base = uint32(base + stride * uint32(UNROLL))
-    cuda.syncthreads()
-    flush_bins(lo, hi, hist, row, BINS)
+    won = rowi[R_WINNER, row]
+    xw = scores[packed_index(won)] * scale  # pass 1's winner (any score where there is none)
+    test = (mode & MODE_EARLY) != 0 and won >= 0 and kept(xw, min_bound, kth)
+    if test:  # Z and the mass above the winner: the accept test (the module docstring)
+        z, a = mass_sums(scores, start, end, top, min_bound, kth, scale, xw)
+        z = block_sum(buf, z)
+        a = block_sum(buf, a)
+        if tid == 0:
+            cuda.atomic.add(hist, (row, 0), z)
+            cuda.atomic.add(hist, (row, 1), a)
+    else:  # no winner to test: the row's histogram at once
+        clear_bins(lo, hi, BINS)
+        cuda.syncthreads()
+        bin_masses(scores, start, end, top, min_bound, kth, scale, lo, hi)
+        cuda.syncthreads()
+        flush_bins(lo, hi, hist, row, BINS)
     if not last_block(ticket, row, flag):
         return
-    total = read_histogram(hist, row, BINS, hs, scan)
-    remain = max(int64(math.ceil(float64(fparams[F_TOP_P, row]) * total)), 1)
-    find_bin(hs, BINS, scan, remain, sel)
-    if tid != 0:
-        return
-    won = rowi[R_WINNER, row]
-    if (mode & MODE_EARLY) != 0 and won >= 0 and sel[0] >= 0:
-        # Pass 1's full-row Gumbel-max above the cut bin is in the nucleus (as the split's
-        # scores above it are): it beats every score the nucleus holds, so it is the token.
-        # The row's top-p phase ends here; the draw takes it (sampling_draw.py).
-        xw = scores[packed_index(won)] * scale
-        if kept(xw, min_bound, kth) and linear_bin(top, xw) > sel[0]:
+    if not test:
+        cut_bin(hist, row, mode, fparams, rowf, rowi, linear_rows, hs, scan, sel)
+    elif tid == 0:
+        z = cuda.atomic.exch(hist, (row, 0), int64(0))
+        a = cuda.atomic.exch(hist, (row, 1), int64(0))
+        if a < nucleus_needs(fparams, row, z):
+            # The mass strictly above the winner falls short of the nucleus's: the exact cut
+            # keeps it, and it beats every score the nucleus holds, so it is the token. The
+            # row's top-p phase ends here; the draw takes it (sampling_draw.py).
             rowi[R_MODE, row] = (mode & ~MODE_TOP_P) | MODE_WON
-            return
-    if sel[0] > 0:  # bin 0 or no bin: the radix digits do the whole row
-        rowf[R_Z, row] = float32(float64(total) / MASS_SCALE)
-        rowi[R_LINEAR_BIN, row] = sel[0]
-        rowi[R_REMAIN, row] = remain - sel[1]
-        rowi[R_COUNT, row] = 0
-        rowi[R_MODE, row] = mode | MODE_LINEAR
-        linear_rows[2 + cuda.atomic.add(linear_rows, 0, int32(1))] = row  # for the split
+        else:
+            hist_rows[2 + cuda.atomic.add(hist_rows, 0, int32(1))] = row
+
+
+@cuda.jit(cache=True)
+def linear_hist_kernel(logits, fparams, ticket, hist, rowf, rowi, linear_rows, hist_rows):
+    grid_dependency_sync()
+    listed = hist_rows[0]  # rows whose winner the nucleus does not hold (about one in ten)
+    if listed == 0:
+        return
+    hs = cuda.shared.array(BINS, int64)
+    lo = cuda.shared.array(BINS, uint32)
+    hi = cuda.shared.array(BINS, uint32)
+    scan = cuda.shared.array(THREADS, int64)
+    sel = cuda.shared.array(2, int64)
+    flag = cuda.shared.array(1, int32)
+    row, start, end, per = listed_share(hist_rows, listed, logits.shape[1])
+    if row >= 0:  # block-uniform
+        top, min_bound, kth, scale = row_bounds(rowf, row)
+        clear_bins(lo, hi, BINS)
+        cuda.syncthreads()
+        bin_masses(logits[row], start, end, top, min_bound, kth, scale, lo, hi)
+        cuda.syncthreads()
+        flush_bins(lo, hi, hist, row, BINS)
+        if last_of(ticket, row, flag, per):
+            cut_bin(hist, row, rowi[R_MODE, row], fparams, rowf, rowi, linear_rows, hs, scan, sel)
+    blocks = cuda.gridDim.x * cuda.gridDim.y
+    if last_of(hist_rows, 1, flag, blocks) and cuda.threadIdx.x == 0:  # the list read
+        hist_rows[0] = 0
 
 
 @cuda.jit(cache=True)
@@ -187,14 +278,8 @@ def linear_split_kernel(
     tid = cuda.threadIdx.x
     nt = cuda.blockDim.x
     blocks = cuda.gridDim.x * cuda.gridDim.y
-    per = blocks // listed  # the whole grid spread over the listed rows
-    here = cuda.blockIdx.x * cuda.gridDim.y + cuda.blockIdx.y
-    if here < per * listed:  # block-uniform
-        row = linear_rows[2 + here // per]
-        vocab = logits.shape[1]
-        span = ((vocab + per - 1) // per + nt - 1) // nt * nt
-        start = (here % per) * span
-        end = min(start + span, vocab)
+    row, start, end, per = listed_share(linear_rows, listed, logits.shape[1])
+    if row >= 0:  # block-uniform
         if tid == 0:
             full[0] = 0
         cuda.syncthreads()

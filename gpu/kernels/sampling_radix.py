@@ -67,6 +67,7 @@ from gpu.kernels.sampling_common import (
     UNROLL,
     block_share,
     claim_slot,
+    fixed_mass,
     kept,
     last_block,
     load,
@@ -117,10 +118,7 @@ def compact_mass_select(row, mode, fparams, rowf, rowi, cand_val, lo, hi, hs, sc
             if kept(x, min_bound, kth):
                 key = int64(ordered_key(x))
                 if (key & high_mask) == prefix:
-                    e = float32(math.exp(x - top))
-                    add_mass(
-                        lo, hi, (key >> shift) & (bins - 1), int64(float64(e) * MASS_SCALE + 0.5)
-                    )
+                    add_mass(lo, hi, (key >> shift) & (bins - 1), fixed_mass(x, top))
         cuda.syncthreads()
         total = read_shared_histogram(lo, hi, bins, hs, scan)
         if d == 0 and not linear:
@@ -196,8 +194,7 @@ def _radix_kernel(use_mass: bool):
                 if keep and (key & high_mask) == prefix:
                     b = (key >> shift) & (bins - 1)
                     if use_mass:
-                        e = float32(math.exp(x - top))
-                        add_mass(lo, hi, b, int64(float64(e) * MASS_SCALE + 0.5))
+                        add_mass(lo, hi, b, fixed_mass(x, top))
                     else:
                         cuda.atomic.add(lo, b, uint32(1))
         cuda.syncthreads()

@@ -191,13 +191,26 @@ def passes(logits, f, i, u, state, scratch, out, ring, slot) -> list:
             slot,
         )  # fmt: skip
     ]
-    linear = getattr(sampling, "linear_mass_kernel", None)  # absent from older trees
+    linear = sampling.linear_mass_kernel
     for kernel, digits in ((sampling.radix_count_kernel, (1, 2)), (sampling.radix_mass_kernel,
                                                                    (0, 1, 2))):  # fmt: skip
-        if kernel is sampling.radix_mass_kernel and linear is not None:
+        if kernel is sampling.radix_mass_kernel:
             calls.append(
                 lambda: linear[grid, threads, stream](
-                    logits, chunk_len, f, s.ticket, s.hist, s.rowf, s.rowi, s.linear_rows
+                    logits,
+                    chunk_len,
+                    f,
+                    s.ticket,
+                    s.hist,
+                    s.rowf,
+                    s.rowi,
+                    s.linear_rows,
+                    s.hist_rows,
+                )  # fmt: skip
+            )
+            calls.append(
+                lambda: sampling.linear_hist_kernel[grid, threads, stream](
+                    logits, f, s.ticket, s.hist, s.rowf, s.rowi, s.linear_rows, s.hist_rows
                 )  # fmt: skip
             )
             calls.append(
@@ -275,9 +288,7 @@ def breakdown(rows: int, vocab: int, params: dict) -> dict:
             call()
             events[r][k + 1].record(stream)
     stream.synchronize()
-    names = ["scores", "count1", "count2"]
-    if len(calls) == 9:
-        names += ["linear_mass", "linear_split"]
+    names = ["scores", "count1", "count2", "linear_mass", "linear_hist", "linear_split"]
     names += [f"mass{d}" for d in range(3)] + ["gumbel"]
     return {
         name: round(
