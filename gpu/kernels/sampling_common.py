@@ -50,6 +50,7 @@ BINS = 2048  # the first two digits have 11 bits, the last 10
 BINS_PER_THREAD = BINS // THREADS  # (the kernels run THREADS threads a block)
 UNROLL = 4  # logits a thread loads at once (a chunk of MIN_CHUNK: one group)
 MASS_SCALE = float64(2.0**44)  # fixed-point unit of top-p masses (sums < 2**63 for V < 2**19)
+MASS_UNIT = float32(2.0**44)  # (the same, for fixed_mass's float32 product)
 SLOTS = MAX_THREADS // 32  # block_max's scratch (a slot per warp; 32 threads in the simulator)
 # rowf rows
 R_MAX, R_MIN_BOUND, R_KTH, R_P_T, R_Z, R_SCALE = range(6)
@@ -197,9 +198,11 @@ def kept(x, min_bound, kth):
 
 @device_function
 def fixed_mass(x, top):
-    """A kept score's mass exp(x - top) in fixed point (MASS_SCALE units, rounded): every
-    top-p pass sums these same integers, so its sums are exact and in any order the same."""
-    return int64(float64(float32(math.exp(x - top))) * MASS_SCALE + 0.5)
+    """A kept score's mass exp(x - top) in fixed point (MASS_SCALE units, truncated): every
+    top-p pass sums these same integers, so its sums are exact and in any order the same.
+    exp(...) * 2**44 is exact in float32 (a power of two), so one conversion makes the integer
+    (a float64 product and its rounding took three of the slow conversion unit's a score)."""
+    return int64(float32(math.exp(x - top)) * MASS_UNIT)
 
 
 @device_function
