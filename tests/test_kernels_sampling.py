@@ -121,9 +121,10 @@ def _check(logits, md, seed, state=None, scratch=None) -> tuple[np.ndarray, np.n
     out = poisoned((n + 1,), np.int32)  # one row more than asked: left alone
     ring = poisoned((2, n + 1), np.int32)
     d_state = cuda.to_device(state)
+    d_mask = cuda.to_device(ts.state_mask(state))
     d_logits = cuda.to_device(logits)
     sample(
-        d_logits, cuda.to_device(f), cuda.to_device(i), cuda.to_device(u), d_state,
+        d_logits, cuda.to_device(f), cuda.to_device(i), cuda.to_device(u), d_state, d_mask,
         scratch, out[:n], ring=ring, ring_slot=cuda.to_device(np.array([1], np.int32)),
     )  # fmt: skip
     got, got_ring, got_state = synced(out), synced(ring), synced(d_state)
@@ -135,6 +136,7 @@ def _check(logits, md, seed, state=None, scratch=None) -> tuple[np.ndarray, np.n
     assert got_ring[1, :n].tolist() == expected.tolist()
     assert (got_ring[0] == INT_POISON).all() and got_ring[1, n] == INT_POISON
     assert np.array_equal(got_state, want_state), f"state (KERNEL_TEST_SEED={seed})"
+    assert np.array_equal(synced(d_mask), ts.state_mask(want_state)), f"mask ({seed})"
     # The scratch is left ready for the next call.
     assert not synced(scratch.ticket).any() and not synced(scratch.hist).any()
     assert not synced(scratch.linear_rows)[:2].any()  # the split list: count and ticket
@@ -182,10 +184,13 @@ def _check_thresholds(logits, md, state, scores, rowf, seed, won) -> None:
         if md.temperature[i] == 0 or not truncating:
             continue
         scaled = _scaled(logits, md, state, i)
-        # Rows with a state hold their scaled scores (scale 1), the others their logits.
+        # Rows hold their penalised logits (the state applied in place), the scale is 1 / T.
+        inv_t = np.float32(1.0) / np.float32(md.temperature[i])
+        assert rowf[R_SCALE, i] == inv_t
         if md.state_rows[i] < 0:
-            inv_t = np.float32(1.0) / np.float32(md.temperature[i])
-            assert np.array_equal(scores[i], logits[i]) and rowf[R_SCALE, i] == inv_t
+            assert np.array_equal(scores[i], logits[i])
+        else:
+            np.testing.assert_allclose(scores[i], scaled / inv_t, rtol=1e-6, err_msg=f"{seed}")
         s = scores[i] * rowf[R_SCALE, i]
         np.testing.assert_allclose(s, scaled, rtol=1e-6, err_msg=f"seed {seed}")
         top, min_bound, kth, p_t, z = rowf[[R_MAX, R_MIN_BOUND, R_KTH, R_P_T, R_Z], i]
@@ -358,8 +363,8 @@ def test_top_p_and_min_p(candidates):
 
 def test_top_p_large_copies():
     """Flat rows whose two cut bins copy thousands of scores (more than 8 a thread of the
-    one-block select), a whole row tied, and a row with a token state (its scores written back
-    scaled: scale 1 in the linear passes): the twin's tokens, every row compact."""
+    one-block select), a whole row tied, and a row with a token state (its penalties applied in
+    place): the twin's tokens, every row compact."""
     rng, seed = fresh_rng()
     vocab = 8 * THREADS + 77
     logits = (rng.standard_normal((4, vocab)) * 0.01).astype(np.float32)  # flat: a few bins
@@ -371,7 +376,7 @@ def test_top_p_large_copies():
         {"temperature": 1.0, "top_p": 0.5},
         {"temperature": 1.0, "top_k": vocab, "top_p": 0.5},
         {"temperature": 0.7, "top_p": 0.9},
-        {"temperature": 0.8, "top_p": 0.3, "repetition": 1.1, "state_row": 0},  # scale 1
+        {"temperature": 0.8, "top_p": 0.3, "repetition": 1.1, "state_row": 0},
     ]
     md = _metadata(rows, rng)
     state = ts.new_state(1, vocab)

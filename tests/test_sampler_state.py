@@ -32,6 +32,7 @@ from gpu.sampling.token_state import (
     add_tokens,
     new_state,
     row_state,
+    state_mask,
     write_states,
 )
 from gpu.sampling_params import RequestOutputKind
@@ -113,6 +114,14 @@ def test_a_row_state_holds_prompt_bits_counts_and_bans():
     assert tokens.tolist() == [3, 4, 7, 9]  # 300 and 1000 are outside the vocabulary
     assert tokens.dtype == np.int32 and values.dtype == STATE_DTYPE
     assert values.tolist() == [PROMPT_BIT, BAN_BIT | 3, BAN_BIT, PROMPT_BIT | 1]
+
+
+def test_the_state_mask_has_a_bit_a_nonzero_cell():
+    state = new_state(2, 70)  # not a multiple of 32: the last word's high bits stay clear
+    state[0, [0, 31, 32, 69]] = [1, PROMPT_BIT, BAN_BIT, 3]
+    mask = state_mask(state)
+    assert mask.shape == (2, 3) and mask.dtype == np.uint32
+    assert mask[0].tolist() == [1 | 1 << 31, 1, 1 << 5] and not mask[1].any()
 
 
 def test_counts_saturate_at_16383():
@@ -330,10 +339,15 @@ def test_write_states_kernel_matches_the_twin():
     host = unpack(packed, len(writes), total)
     assert host[0].tolist() == [3, 0, 4] and host[1][-1] == total
     state = cuda.to_device(start)
-    device_write(state, *unpack(cuda.to_device(packed), len(writes), total))
+    stale = rng.integers(0, 1 << 32, (rows, -(-vocab // 32)), dtype=np.uint64).astype(np.uint32)
+    mask = cuda.to_device(stale)
+    device_write(state, mask, *unpack(cuda.to_device(packed), len(writes), total))
     got = synced(state)
     assert np.array_equal(got, expected), f"KERNEL_TEST_SEED={seed}"
     assert np.array_equal(got[[1, 2]], start[[1, 2]])  # rows not written are left alone
+    got_mask = synced(mask)
+    assert np.array_equal(got_mask[[3, 0, 4]], state_mask(expected)[[3, 0, 4]]), seed
+    assert np.array_equal(got_mask[[1, 2]], stale[[1, 2]])
 
 
 def _device_sampler_or_skip():
@@ -369,6 +383,7 @@ def test_device_sampler_with_state_matches_the_twin():
         got = sampler.sample(cuda.to_device(logits), md)
         assert got.tolist() == expected.tolist(), f"step {step}, KERNEL_TEST_SEED={seed}"
         assert np.array_equal(synced(sampler.state), state), f"KERNEL_TEST_SEED={seed}"
+        assert np.array_equal(synced(sampler.state_mask), state_mask(state)), seed
         md.state_writes = None
         md.step = md.step + 1
 

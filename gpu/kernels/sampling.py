@@ -191,7 +191,7 @@ __all__ = [
     "uniform",
 ]
 
-_STATE = "uint16[:, ::1]"
+_STATE = "uint16[:, ::1], uint32[:, ::1]"  # the token state and its bit mask
 _SCRATCH = "int32[::1], int64[::1], float32[:, ::1], int64[:, ::1]"
 _CANDIDATES = "float32[:, ::1], int32[:, ::1]"
 SIGNATURES = {
@@ -281,13 +281,14 @@ def chunking(rows: int, vocab: int) -> tuple[int, int]:
 
 
 def sample(
-    logits, fparams, iparams, uparams, state, scratch: SamplerScratch, out, stream=0, ring=None,
-    ring_slot=None,
+    logits, fparams, iparams, uparams, state, state_mask, scratch: SamplerScratch, out, stream=0,
+    ring=None, ring_slot=None,
 ) -> None:  # fmt: skip
-    """out[r] = the token sampled from logits[r] (float32 [n, V], modified in place) with row
-    r's parameters, the same ids into ring[ring_slot[0]] where a ring is given (the host's
-    mapped copy, as in argmax.py), and each sampled token counted in its state row. Nine
-    launches, no allocation, no sync: capturable into a CUDA graph."""
+    """out[r] = the token sampled from logits[r] (float32 [n, V], modified in place: the
+    penalties and bans land there) with row r's parameters, the same ids into
+    ring[ring_slot[0]] where a ring is given (the host's mapped copy, as in argmax.py), and each
+    sampled token counted in its state row (and its bit set in state_mask). Ten launches, no
+    allocation, no sync: capturable into a CUDA graph."""
     rows, vocab = logits.shape
     if ring is None:
         ring, ring_slot = no_ring(out)
@@ -299,8 +300,8 @@ def sample(
     grid = (rows, chunks)
     s = scratch
     scores_kernel[grid, THREADS, stream](
-        logits, chunk_len, fparams, iparams, uparams, state, s.ticket, s.best, s.winner, s.rowf,
-        s.rowi, s.hist, out, ring, ring_slot,
+        logits, chunk_len, fparams, iparams, uparams, state, state_mask, s.ticket, s.best,
+        s.winner, s.rowf, s.rowi, s.hist, out, ring, ring_slot,
     )  # fmt: skip
     for digit in (1, 2):
         radix_count_kernel[grid, THREADS, stream](
@@ -323,6 +324,6 @@ def sample(
             s.cand_val, s.cand_idx,
         )  # fmt: skip
     gumbel_kernel[grid, THREADS, stream](
-        logits, chunk_len, iparams, uparams, state, s.ticket, s.best, s.rowf, s.rowi, s.cand_val,
-        s.cand_idx, out, ring, ring_slot,
+        logits, chunk_len, iparams, uparams, state, state_mask, s.ticket, s.best, s.rowf, s.rowi,
+        s.cand_val, s.cand_idx, out, ring, ring_slot,
     )  # fmt: skip

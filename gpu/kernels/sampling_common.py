@@ -265,8 +265,9 @@ def last_of(ticket, row, flag, blocks):
 
 
 @device_function
-def finish_row(row, packed, state_row, state, out, ring, ring_slot):
-    """The row's token (from its packed max) to out and the host ring; spec step 4."""
+def finish_row(row, packed, state_row, state, mask, out, ring, ring_slot):
+    """The row's token (from its packed max) to out and the host ring; spec step 4, its bit
+    set in the state's mask."""
     tok = packed_index(packed)
     out[row] = tok
     ring[ring_slot[0], row] = tok
@@ -274,6 +275,7 @@ def finish_row(row, packed, state_row, state, out, ring, ring_slot):
         cell = int32(state[state_row, tok])
         if (cell & COUNT_MASK) < COUNT_MASK:
             state[state_row, tok] = uint16(cell + 1)
+        mask[state_row, tok >> 5] |= uint32(1) << uint32(tok & 31)
 
 
 @device_function

@@ -53,8 +53,8 @@ from gpu.kernels.sampling_common import (
 
 @cuda.jit(cache=True)
 def gumbel_kernel(
-    logits, chunk_len, iparams, uparams, state, ticket, best, rowf, rowi, cand_val, cand_idx, out,
-    ring, ring_slot,
+    logits, chunk_len, iparams, uparams, state, mask, ticket, best, rowf, rowi, cand_val,
+    cand_idx, out, ring, ring_slot,
 ):  # fmt: skip
     grid_dependency_sync()
     row = cuda.blockIdx.x
@@ -72,7 +72,7 @@ def gumbel_kernel(
         if kept(x, min_bound, kth) and (p_t == 0 or float32(math.exp(x - top)) / z >= p_t):
             if cuda.blockIdx.y == 0 and cuda.threadIdx.x == 0:
                 cuda.atomic.exch(best, row, int64(NONE))  # the split's max, if it ran: unread
-                finish_row(row, won, iparams[I_STATE_ROW, row], state, out, ring, ring_slot)
+                finish_row(row, won, iparams[I_STATE_ROW, row], state, mask, out, ring, ring_slot)
             return
     compact = (mode & MODE_COMPACT) != 0
     buf = cuda.shared.array(SLOTS, int64)
@@ -101,4 +101,4 @@ def gumbel_kernel(
         cuda.atomic.max(best, row, cand)
     if last_block(ticket, row, flag) and tid == 0:
         packed = cuda.atomic.exch(best, row, int64(NONE))
-        finish_row(row, packed, iparams[I_STATE_ROW, row], state, out, ring, ring_slot)
+        finish_row(row, packed, iparams[I_STATE_ROW, row], state, mask, out, ring, ring_slot)

@@ -1,51 +1,56 @@
-"""Top-p's first cut in two passes over the row, on a linear scale of the scores.
+"""Top-p after the scores pass: first a test of pass 1's winner, then the cut on a linear
+scale of the scores for the rows it turns down.
 
-The radix select of sampling_radix.py bins scores by the top bits of their keys: 11 bits are
-the sign, the exponent and two mantissa bits, so a flat row (random weights: logits of std
-~0.9, a top-p 0.9 nucleus of ~60k of 128k tokens) lands in a handful of bins, the candidate
-copy overflows, and all three mass digits and the draw read the whole row. Here the row is
-binned by its distance from the max instead, which the scores pass already knows:
+A Gumbel-max over a set is the Gumbel-max over any subset that still holds it, so pass 1's
+full-row winner w (R_WINNER, sampling_scores.py) is the token wherever the nucleus keeps it:
+at least top_p of the time, as the nucleus holds top_p of the mass. The exact cut keeps every
+score whose mass strictly above it falls short of top_p * Z (ties at the edge kept), so
 
-    bin(x) = BINS - 1 - min(floor((max - x) * LINEAR_SCALE), BINS - 1)
+    w is kept  <=>  A = sum of the masses of the kept scores strictly above w < ceil(top_p * Z)
 
-BINS bins of 1/LINEAR_SCALE (~0.012) each over the top LINEAR_RANGE (24) of the scaled
-scores (higher score, higher bin; bin 0 holds everything further down, whose mass is under
-e**-24 a token). The bin is monotone in the score, so a higher bin holds only higher scores.
+with the masses in the fixed point of the radix passes (sampling_common.fixed_mass: exact,
+order-free integer sums, the same integers the exact cut would sum).
 
-1. linear_mass_kernel: every kept score's mass exp(x - max) into its bin, in the fixed point
-   of the radix passes (sampling_histogram.add_mass: exact, order-free). The row's last block
-   has Z (the total) and finds the bin B where the mass from the top reaches top_p * Z, as
-   the radix's first digit does.
-2. linear_split_kernel: every kept score above bin B is in the nucleus whatever the exact cut:
-   its Gumbel-max is taken here, into the row's packed max. The scores of bins B and B - 1 are
-   copied into the candidate buffer (B - 1 too: a score just under bin B's edge can round to
-   the same float32 probability as the cut, and the twin keeps ties). The row turns compact:
-   the radix mass digits then find the exact cut inside the copy, given the mass still
-   needed (R_REMAIN) and Z (R_Z) from pass 1, and the draw reads only the copy, merging into
-   the packed max this pass left. Unless no score of the two copied bins can win: the pass
-   takes their Gumbel-max too, and where it is lower than the max above bin B, that max is
-   the token whatever the exact cut (MODE_WON): no select, no draw over the copy. Only a token
-   at the cut itself, a few scores of the nucleus's thousands, needs the exact cut.
+1. linear_mass_kernel: Z and A, two running int64 sums a thread. The row's last block ends the
+   row's top-p phase if A falls short (MODE_WON: no histogram, no split, no exact cut; the draw
+   takes w) and otherwise lists the row for the next pass (hist_rows). On the H100's engine
+   loop nine rows in ten end here at top-p 0.9. A row with no winner to test (top-k with top-p,
+   or a winner the min_p bound cuts) bins its scores at once, as the next pass does.
+2. linear_hist_kernel, over the listed rows only, the whole grid spread over them: the row's
+   histogram on a linear scale of its distance from the max, which the scores pass knows:
 
-The mass pass's last block first checks pass 1's full-row Gumbel-max (R_WINNER, see
-sampling_draw.py): if it is kept and lies above bin B it is in the nucleus, beats every score
-there, and is the token. The row's top-p phase ends (MODE_WON): no split, no exact cut, and
-the draw takes the winner. With top-p 0.9 that is about nine rows in ten. The others read the
-whole row twice after the scores pass, flat or peaked. A row whose cut falls in bin 0 (top_p
-within ~1e-6 of 1 on a flat row) or whose two bins overflow the buffer (thousands of scores
-within 0.024 of each other: equal logits) is left as it was: the radix digits run over the
-whole row as before, with the same result (the Gumbel-max over the row is a max: taking part
-of it twice changes nothing). Rows already compact after top-k skip both passes: the radix
-digits read their copy.
+       bin(x) = BINS - 1 - min(floor((max - x) * LINEAR_SCALE), BINS - 1)
 
-Both passes are bound by the instructions an element costs, not by HBM (ncu: SM throughput
-~62%, DRAM 20-38%), so their loops are kept lean: a row whose scores were written back scaled
-(scale 1: rows with a token state, the app's defaults) skips the scaling, offsets and bins are
-32-bit from the row's start (no 64-bit index arithmetic, no negative-index wrap-around a load),
-and the split draws noise only where a score can still win (sampling_common.noisy_pack). The
-split reads only the rows the mass pass leaves (linear_rows), with the whole grid spread over
-them: on their own one or two blocks a row at batch 256 they took as long as every row (160
-us; 36 spread). H100, logits of std 1.3, batch 256: linear mass 112 us, split 36.
+   BINS bins of 1/LINEAR_SCALE (~0.012) each over the top LINEAR_RANGE (24) of the scaled
+   scores (higher score, higher bin; bin 0 holds everything further down, whose mass is under
+   e**-24 a token). The radix select of sampling_radix.py bins by the top bits of the keys
+   instead: a flat row (random weights: a top-p 0.9 nucleus of ~60k of 128k tokens) lands in a
+   handful of its bins. The row's last block finds the bin B where the mass from the top
+   reaches top_p * Z, as the radix's first digit does, and lists the row for the split.
+3. linear_split_kernel, over the rows listed: every kept score above bin B is in the nucleus
+   whatever the exact cut: its Gumbel-max is taken here, into the row's packed max. The scores
+   of bins B and B - 1 are copied into the candidate buffer (B - 1 too: a score just under bin
+   B's edge can round to the same float32 probability as the cut, and the twin keeps ties). The
+   row turns compact: the radix mass digits then find the exact cut inside the copy, given the
+   mass still needed (R_REMAIN) and Z (R_Z), and the draw reads only the copy, merging into the
+   packed max this pass left. Unless no score of the two copied bins can win: the pass takes
+   their Gumbel-max too, and where it is lower than the max above bin B, that max is the token
+   whatever the exact cut (MODE_WON): no select, no draw over the copy.
+
+A row whose cut falls in bin 0 (top_p within ~1e-6 of 1 on a flat row) or whose two bins
+overflow the buffer (thousands of scores within 0.024 of each other: equal logits) is left as
+it was: the radix digits run over the whole row, with the same result (the Gumbel-max over the
+row is a max: taking part of it twice changes nothing). Rows already compact after top-k skip
+these passes: the radix digits read their copy.
+
+The passes are bound by the instructions a score costs, not by HBM (ncu: SM throughput ~62%,
+DRAM 20-38%), so their loops are kept lean: the accept test's sums replace a histogram's two
+shared-memory atomics a score (the returning one on the loop's critical path); a row whose
+scores were written back scaled (scale 1: rows with a token state, the app's defaults) skips
+the scaling; offsets and bins are 32-bit from the row's start; the split draws noise only where
+a score can still win (sampling_common.noisy_pack). The histogram pass and the split read only
+the rows listed, the whole grid spread over them: on their own one or two blocks a row at batch
+256, the split took as long as over every row (160 us; 36 spread).
 """
 
 from __future__ import annotations

@@ -95,10 +95,25 @@ def apply_state(x, cell, ban, repetition, presence, frequency):
     return x - (frequency * n + presence * (float32(1.0) if c > 0 else float32(0.0)))
 
 
+@device_function
+def patch_chunk(logits, row, start, end, state, mask, state_row, ban, repetition, presence,
+                frequency):  # fmt: skip
+    """Spec step 1, in place, on the ids of logits[row, start:end] whose state cell is nonzero
+    (their bits in the row's mask; start a multiple of 32): a word of the mask a thread at a
+    time, and only its set bits read a cell. Every other logit is its own penalised score."""
+    for w in range(start // 32 + cuda.threadIdx.x, (end + 31) // 32, cuda.blockDim.x):
+        bits = mask[state_row, w]
+        while bits != 0:
+            v = w * 32 + (cuda.ffs(bits) - 1)  # the lowest set bit
+            bits &= bits - uint32(1)
+            cell = int32(state[state_row, v])
+            logits[row, v] = apply_state(logits[row, v], cell, ban, repetition, presence, frequency)
+
+
 @cuda.jit(cache=True)
 def scores_kernel(
-    logits, chunk_len, fparams, iparams, uparams, state, ticket, best, winner, rowf, rowi, hist,
-    out, ring, ring_slot,
+    logits, chunk_len, fparams, iparams, uparams, state, mask, ticket, best, winner, rowf, rowi,
+    hist, out, ring, ring_slot,
 ):  # fmt: skip
     grid_dependency_sync()
     buf = cuda.shared.array(SLOTS, int64)
@@ -128,7 +143,11 @@ def scores_kernel(
     fold = truncate and top_k > 0  # top-k's first digit, counted here (see the docstring)
     if fold:
         clear_bins(lo, hi, BINS)
-        cuda.syncthreads()
+    if state_row >= 0:  # the chunk's penalties and bans, before any of its logits is read
+        patch_chunk(
+            logits, row, start, end, state, mask, state_row, ban, repetition, presence, frequency
+        )  # fmt: skip
+    cuda.syncthreads()
 
     # draws: the row's full-row Gumbel-max is taken here, into wcand. Temperature-only rows
     # finish with it; top-p rows without top-k keep it for the early exits (sampling_draw.py:
@@ -140,7 +159,6 @@ def scores_kernel(
     top = NEG_INF  # truncating rows' max: a float max, one instruction a score
     wcand = int64(NONE)
     xs = cuda.local.array(UNROLL, float32)
-    cells = cuda.local.array(UNROLL, int32)
     nt = cuda.blockDim.x
     bar = NEG_INF  # the best noisy score of the warp so far (sampling_common.noisy_pack)
     for base0 in range(start, end, nt * UNROLL):  # block-uniform: warp_bar needs every lane
@@ -148,18 +166,12 @@ def scores_kernel(
         for u in range(UNROLL):  # every load of the group in flight at once
             v = min(base + u * nt, end - 1)
             xs[u] = logits[row, v]
-            if state_row >= 0:
-                cells[u] = int32(state[state_row, v])
         for u in range(UNROLL):
             v = base + u * nt
             if v < end:
                 x = xs[u]
-                if state_row >= 0:
-                    x = apply_state(x, cells[u], ban, repetition, presence, frequency)
                 if not greedy:
                     x = x * inv_t
-                    if truncate and state_row >= 0:
-                        logits[row, v] = x  # written back scaled (the module docstring)
                 if greedy or finite(x):
                     if draws:
                         wcand = max(wcand, noisy_pack(x, v, key, bar))
@@ -191,7 +203,7 @@ def scores_kernel(
         won = cuda.atomic.exch(winner, row, int64(NONE))
         if not truncate:
             rowi[R_MODE, row] = 0
-            finish_row(row, packed if greedy else won, state_row, state, out, ring, ring_slot)
+            finish_row(row, packed if greedy else won, state_row, state, mask, out, ring, ring_slot)
         else:
             top = key_to_f32(packed >> 31) if packed >= 0 else NEG_INF
             rowf[R_MAX, row] = top
@@ -199,7 +211,7 @@ def scores_kernel(
             rowf[R_KTH, row] = NEG_INF
             rowf[R_P_T, row] = 0
             rowf[R_Z, row] = 1
-            rowf[R_SCALE, row] = 1 if state_row >= 0 else inv_t
+            rowf[R_SCALE, row] = inv_t
             mode = MODE_TRUNCATE
             if top_k > 0:
                 mode |= MODE_TOP_K

@@ -7,30 +7,33 @@ sequence with a penalty or a ban, on the stream before that step's forward: in s
 after every earlier sampler, so a count the previous owner's sampler added for a token that
 was then discarded never reaches the new owner.
 
+The row's bit mask (gpu/sampling/token_state.state_mask: a bit a nonzero cell) is written with
+it, and the sampler sets the bit of each token it counts.
+
 One block per written row: its threads zero the row, sync, then scatter the cells. The
 variable-length inputs come packed in one int32 buffer (one upload): the rows, their offsets
 into the cells, the cells' token ids, and their uint16 values widened to int32.
 
-numpy twin: gpu/sampling/token_state.write_states.
+numpy twin: gpu/sampling/token_state.write_states (and state_mask).
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda, uint16
+from numba import cuda, uint16, uint32
 
 from gpu.kernels.launch import threads
 from gpu.kernels.pdl import grid_dependency_sync
 
 SIGNATURES = {
     "write_states_kernel": [
-        "void(uint16[:, ::1], int32[::1], int32[::1], int32[::1], int32[::1])",
+        "void(uint16[:, ::1], uint32[:, ::1], int32[::1], int32[::1], int32[::1], int32[::1])",
     ],
 }
 
 
 @cuda.jit(cache=True)
-def write_states_kernel(state, rows, offsets, tokens, values):
+def write_states_kernel(state, mask, rows, offsets, tokens, values):
     grid_dependency_sync()
     b = cuda.blockIdx.x
     tid = cuda.threadIdx.x
@@ -39,11 +42,15 @@ def write_states_kernel(state, rows, offsets, tokens, values):
     vocab = state.shape[1]
     for v in range(tid, vocab, nt):
         state[row, v] = uint16(0)
+    for w in range(tid, mask.shape[1], nt):
+        mask[row, w] = uint32(0)
     cuda.syncthreads()
     for i in range(offsets[b] + tid, offsets[b + 1], nt):
         tok = tokens[i]
         if tok >= 0 and tok < vocab:
             state[row, tok] = uint16(values[i])
+            if values[i] != 0:
+                cuda.atomic.or_(mask, (row, tok >> 5), uint32(1) << uint32(tok & 31))
 
 
 def pack_writes(writes) -> np.ndarray:
@@ -74,10 +81,11 @@ def unpack(packed, num_rows: int, total: int) -> tuple:
     )
 
 
-def write_states(state, rows, offsets, tokens, values, stream=0) -> None:
-    """For each b: zero state[rows[b]], then state[rows[b], tokens[i]] = values[i] for i in
-    offsets[b]..offsets[b + 1] (int32 device arrays; values are the uint16 cells widened)."""
+def write_states(state, mask, rows, offsets, tokens, values, stream=0) -> None:
+    """For each b: zero state[rows[b]] and mask[rows[b]], then state[rows[b], tokens[i]] =
+    values[i] for i in offsets[b]..offsets[b + 1] (int32 device arrays; values are the uint16
+    cells widened), each nonzero one's bit set in the mask."""
     if rows.shape[0]:
         write_states_kernel[rows.shape[0], threads(1024), stream](
-            state, rows, offsets, tokens, values
+            state, mask, rows, offsets, tokens, values
         )

@@ -15,6 +15,11 @@ output known then and the banned ids), and the sampler itself adds every token i
 ids (an int32 table would be 131 MB), 25 MB at 256 x 49,152. Beyond 16,383 repeats of one id
 the frequency penalty stops growing.
 
+On the device the table has a bit mask beside it (`state_mask`: uint32 words [rows, vocab / 32],
+a bit set where a cell is nonzero: 4.0 MB at 256 x 128,256), so the sampler applies penalties
+and bans to the few hundred ids a row has seen, in place, instead of reading two bytes of state
+for every logit (gpu/kernels/sampling_scores.py).
+
 The numpy helpers here are the cpu backend's sampler state and the oracle of the CUDA kernels
 (gpu/kernels/token_state.py writes rows; gpu/kernels/sampling.py applies and updates them).
 """
@@ -62,6 +67,16 @@ def row_state(
 
 def new_state(num_rows: int, vocab: int) -> np.ndarray:
     return np.zeros((num_rows, vocab), dtype=STATE_DTYPE)
+
+
+def state_mask(state: np.ndarray) -> np.ndarray:
+    """The device's bit mask of a table: bit v % 32 of word v // 32 set where cell v of the row
+    is nonzero (uint32 [rows, ceil(vocab / 32)])."""
+    rows, vocab = state.shape
+    bits = np.zeros((rows, -(-vocab // 32) * 32), dtype=np.uint64)
+    bits[:, :vocab] = state != 0
+    weights = np.uint64(1) << np.arange(32, dtype=np.uint64)
+    return (bits.reshape(rows, -1, 32) * weights).sum(axis=2).astype(np.uint32)
 
 
 def write_states(state: np.ndarray, writes: Iterable[StateWrite] | None) -> None:

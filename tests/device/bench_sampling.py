@@ -144,10 +144,11 @@ def case(logits_host: np.ndarray, rows: int, name: str, params: dict | None) -> 
         f, i, u = device_params(md)
         state_host = state_table(rows, vocab) if params.get("state") else ts.new_state(1, vocab)
         state = cuda.to_device(state_host, stream=stream)
+        mask = cuda.to_device(ts.state_mask(state_host), stream=stream)
         scratch = sampling.sampler_scratch(rows, vocab, stream)
 
         def launch():
-            sampling.sample(logits, f, i, u, state, scratch, out, stream, ring, slot)
+            sampling.sample(logits, f, i, u, state, mask, scratch, out, stream, ring, slot)
 
         want = None
         if rows <= CHECK_ROWS:
@@ -167,7 +168,7 @@ def case(logits_host: np.ndarray, rows: int, name: str, params: dict | None) -> 
     return result
 
 
-def passes(logits, f, i, u, state, scratch, out, ring, slot) -> list:
+def passes(logits, f, i, u, state, mask, scratch, out, ring, slot) -> list:
     """sampling.sample's launches one by one (the same order and arguments)."""
     rows, vocab = logits.shape
     chunks, chunk_len = sampling.chunking(rows, vocab)
@@ -180,6 +181,7 @@ def passes(logits, f, i, u, state, scratch, out, ring, slot) -> list:
             i,
             u,
             state,
+            mask,
             s.ticket,
             s.best,
             s.winner,
@@ -250,6 +252,7 @@ def passes(logits, f, i, u, state, scratch, out, ring, slot) -> list:
             i,
             u,
             state,
+            mask,
             s.ticket,
             s.best,
             s.rowf,
@@ -271,11 +274,12 @@ def breakdown(rows: int, vocab: int, params: dict) -> dict:
     f, i, u = device_params(md)
     state_host = state_table(rows, vocab) if params.get("state") else ts.new_state(1, vocab)
     state = cuda.to_device(state_host, stream=stream)
+    mask = cuda.to_device(ts.state_mask(state_host), stream=stream)
     scratch = sampling.sampler_scratch(rows, vocab, stream)
     out = cuda.device_array(rows, np.int32, stream=stream)
     ring = cuda.device_array((2, rows), np.int32, stream=stream)
     slot = cuda.to_device(np.zeros(1, np.int32), stream=stream)
-    calls = passes(logits, f, i, u, state, scratch, out, ring, slot)
+    calls = passes(logits, f, i, u, state, mask, scratch, out, ring, slot)
     for call in calls:
         call()
     stream.synchronize()

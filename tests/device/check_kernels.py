@@ -23,7 +23,7 @@ from gpu.presets import preset_config
 from gpu.rope import rope_cos_sin
 from gpu.sampling import SamplingMetadata
 from gpu.sampling.numpy_sampler import sample as numpy_sample
-from gpu.sampling.token_state import new_state, row_state, write_states
+from gpu.sampling.token_state import new_state, row_state, state_mask, write_states
 
 CFG = preset_config("llama-3.2-1b")
 H, INTER, V = CFG.hidden_size, CFG.intermediate_size, CFG.vocab_size
@@ -253,6 +253,7 @@ def sampler_case() -> dict:
         "first_call_s": round(first_s, 2),
         "greedy_256_rows_us": round(greedy_us, 1),
         "state_matches": bool(np.array_equal(sampler.state.copy_to_host(), state)),
+        "mask_matches": bool(np.array_equal(sampler.state_mask.copy_to_host(), state_mask(state))),
     }
 
 

@@ -8,7 +8,8 @@ the sampler kernels -> ids. Every buffer they touch is allocated here once, so a
 any sampling settings (penalties and min_tokens bans included) replays from a CUDA graph.
 
 Penalties and bans read the token state (gpu/sampling/token_state.py): a uint16 table
-[max_rows, vocab] on the device (2 bytes a cell: 65.7 MB at 256 x 128,256), one row per
+[max_rows, vocab] on the device (2 bytes a cell: 65.7 MB at 256 x 128,256) with its bit mask
+(a bit a nonzero cell: 4.0 MB), one row per
 sequence with a penalty or a ban, counted on by the sampler itself. A step stages only each
 row's state row and whether its ban is active; a sequence sampled for the first time in its row
 brings a state write (md.state_writes), uploaded packed and written by write_states_kernel on
@@ -75,6 +76,9 @@ class DeviceSampler:
         self.own_staging = staging is None
         self.staging = staging or Staging(sampler_fields(max_rows), stream)
         self.state = cuda.to_device(new_state(max_rows, vocab_size), stream=stream)
+        self.state_mask = cuda.to_device(
+            np.zeros((max_rows, -(-vocab_size // 32)), np.uint32), stream=stream
+        )  # a bit a nonzero cell (gpu/sampling/token_state.py)
         self.scratch = k.sampler_scratch(max_rows, vocab_size, stream)
         self.out = cuda.device_array(max_rows, dtype=np.int32, stream=stream)
         scratch = argmax_scratch_size(max_rows, vocab_size)
@@ -107,7 +111,7 @@ class DeviceSampler:
         self._writes[: packed.size].copy_to_device(packed, stream=self.stream)
         total = sum(len(t) for _, t, _ in writes)
         rows, offsets, tokens, values = unpack(self._writes, len(writes), total)
-        write_states(self.state, rows, offsets, tokens, values, self.stream)
+        write_states(self.state, self.state_mask, rows, offsets, tokens, values, self.stream)
 
     def stage(self, md: SamplingMetadata, staging: Staging | None = None) -> None:
         """Write md's parameters (and the ring slot its ids go to) into the pinned fields of
@@ -154,8 +158,8 @@ class DeviceSampler:
         n = logits.shape[0]
         d = (staging or self.staging).device
         k.sample(
-            logits, d["fparams"], d["iparams"], d["uparams"], self.state, self.scratch,
-            self.out[:n], self.stream, self.ring, d["ring_slot"],
+            logits, d["fparams"], d["iparams"], d["uparams"], self.state, self.state_mask,
+            self.scratch, self.out[:n], self.stream, self.ring, d["ring_slot"],
         )  # fmt: skip
 
     def launch_greedy(self, logits, staging: Staging | None = None) -> None:
