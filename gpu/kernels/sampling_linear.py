@@ -45,10 +45,9 @@ these passes: the radix digits read their copy.
 
 The passes are bound by the instructions a score costs, not by HBM (ncu: SM throughput ~62%,
 DRAM 20-38%), so their loops are kept lean: the accept test's sums replace a histogram's two
-shared-memory atomics a score (the returning one on the loop's critical path); a row whose
-scores were written back scaled (scale 1: rows with a token state, the app's defaults) skips
-the scaling; offsets and bins are 32-bit from the row's start; the split draws noise only where
-a score can still win (sampling_common.noisy_pack). The histogram pass and the split read only
+shared-memory atomics a score (the returning one on the loop's critical path); offsets and bins
+are 32-bit from the row's start; the split draws noise only where a score can still win
+(sampling_common.noisy_pack). The histogram pass and the split read only
 the rows listed, the whole grid spread over them: on their own one or two blocks a row at batch
 256, the split took as long as over every row (160 us; 36 spread).
 """
@@ -124,7 +123,6 @@ def mass_sums(scores, start, end, top, min_bound, kth, scale, xw):
     kept scores, and of those strictly above xw. Two running sums a thread: no histogram, no
     shared-memory atomic a score."""
     nt = cuda.blockDim.x
-    unscaled = scale == float32(1.0)
     z = int64(0)
     a = int64(0)
     xs = cuda.local.array(UNROLL, float32)
@@ -136,7 +134,7 @@ def mass_sums(scores, start, end, top, min_bound, kth, scale, xw):
         for u in range(UNROLL):
             xs[u] = scores[min(uint32(base + uint32(u) * stride), last)]
         for u in range(UNROLL):
-            x = xs[u] if unscaled else xs[u] * scale
+            x = xs[u] * scale
             if uint32(base + uint32(u) * stride) < stop and kept(x, min_bound, kth):
                 m = fixed_mass(x, top)
                 z += m
@@ -151,7 +149,6 @@ def bin_masses(scores, start, end, top, min_bound, kth, scale, lo, hi):
     """Every kept score of scores[start:end] into this block's histogram: its mass into its
     linear bin (lo, hi: sampling_histogram.add_mass; cleared and synced by the caller)."""
     nt = cuda.blockDim.x
-    unscaled = scale == float32(1.0)
     xs = cuda.local.array(UNROLL, float32)
     stop = uint32(end)
     stride = uint32(nt)
@@ -161,7 +158,7 @@ def bin_masses(scores, start, end, top, min_bound, kth, scale, lo, hi):
         for u in range(UNROLL):
             xs[u] = scores[min(uint32(base + uint32(u) * stride), last)]
         for u in range(UNROLL):
-            x = xs[u] if unscaled else xs[u] * scale
+            x = xs[u] * scale
             if uint32(base + uint32(u) * stride) < stop and kept(x, min_bound, kth):
                 add_mass(lo, hi, linear_bin(top, x), fixed_mass(x, top))
         base = uint32(base + stride * uint32(UNROLL))
@@ -291,7 +288,6 @@ def linear_split_kernel(
         mode = rowi[R_MODE, row]
         key = row_key(uparams[U_SEED, row], uparams[U_STEP, row])
         top, min_bound, kth, scale = row_bounds(rowf, row)
-        unscaled = scale == float32(1.0)  # rows with a token state: scores written back scaled
         cut = int32(rowi[R_LINEAR_BIN, row])
         capacity = cand_val.shape[1]
         scores = logits[row]  # one row's view: 32-bit offsets from its start, not [row, v]
@@ -309,7 +305,7 @@ def linear_split_kernel(
                 xs[u] = scores[min(uint32(base + uint32(u) * stride), last)]
             for u in range(UNROLL):
                 v = uint32(base + uint32(u) * stride)
-                x = xs[u] if unscaled else xs[u] * scale
+                x = xs[u] * scale
                 keep = v < stop and kept(x, min_bound, kth)
                 b = linear_bin(top, x) if keep else int32(-1)
                 if b > cut:

@@ -15,10 +15,15 @@ largest value at the smallest index) by atomic max to the row's slot, and the ro
 block (sampling_common.last_block) writes out / ring and counts the token in the state (step
 4). Truncating rows (min_p, top_k or top_p) offer their max; the last block stores the max and
 the min_p bound (score >= max + log(min_p), float32). Later passes read the scores as logits *
-scale: rows with a token state write their penalised, scaled scores back (scale 1: one 4-byte
-write instead of a 2-byte state read in every later pass), the others leave the logits as they
-are and scale again (scale = 1 / T, the same float32 multiply: the same scores; at batch 256 the
-write-back would cost a full pass of HBM bandwidth, ~45 us for 131 MB).
+scale (scale = 1 / T, the same float32 multiply: the same scores; writing the scaled scores back
+would cost a full pass of HBM bandwidth at batch 256, ~45 us for 131 MB).
+
+Penalties and bans are applied in place, before the loop: a row with a token state has seen a
+few hundred ids, and the state's bit mask (a bit a nonzero cell, gpu/sampling/token_state.py)
+names them, so each block patches its chunk's seen ids (patch_chunk: a 4-byte mask word for 32
+logits, a cell read only where a bit is set) and every logit the loop reads is already its
+penalised score. Reading the uint16 state beside every logit cost 2 bytes a logit here, and
+the truncating rows then wrote their scaled scores back for the later passes (4 more).
 
 Top-k rows count their first radix digit here (the key's top 11 bits, over every finite
 score, before the min_p bound is known): exact all the same (see scores_kernel), and it saves
