@@ -220,7 +220,8 @@ def _linear_bins(top: float, x: np.ndarray) -> np.ndarray:
 def _force_path(logits, md, state, rows, path: str) -> None:
     """Re-seed each of `rows` until its top-p draw ends where `path` says:
     "winner": pass 1's Gumbel-max over every finite score is a token the twin keeps, 0.05 (over
-    two linear bins) above its least kept score: the row ends at the linear mass pass;
+    two linear bins) above its least kept score or the row's max: the row ends at the linear
+    mass pass;
     "edge": the same, but the winner lies in the cut's own bin (above its 3 least kept);
     "above": pass 1's winner is cut, and the twin's token lies two bins or more above the cut's
     linear bin: the row ends at the split, no score at the cut able to win;
@@ -238,8 +239,8 @@ def _force_path(logits, md, state, rows, path: str) -> None:
         for _ in range(30000):  # ("cut": one seed in ~1,000 on the flattest rows)
             noisy = scaled + rng_mod.gumbel_noise(int(md.seed[i]), int(md.step[i]), len(scaled))
             w = int(np.argmax(np.where(finite, noisy, -np.inf)))
-            if path == "winner":
-                ok = keep[w] and scaled[w] >= edge + 0.05
+            if path == "winner":  # (the row's max is always kept: nothing lies above it)
+                ok = keep[w] and (scaled[w] >= edge + 0.05 or scaled[w] == top)
             elif path == "edge":  # (clear of the cut's float rounding by two kept scores)
                 ok = keep[w] and bins[w] == cut_bin and scaled[w] > np.sort(scaled[keep])[2]
             else:
@@ -424,14 +425,14 @@ def test_early_exits_on_a_winner():
     path asked."""
     rng, seed = fresh_rng()
     vocab = 2 * MIN_CHUNK + 19
-    spread = np.array([0.5, 2.0, 0.5, 2.0, 1.0, 1.0, 1.3, 1.3, 1.0, 0.5], np.float32)[:, None]
+    spread = np.array([0.5, 2.0, 0.5, 1.5, 1.0, 1.0, 1.3, 1.3, 1.0, 0.5], np.float32)[:, None]
     logits = (rng.standard_normal((10, vocab)) * spread).astype(np.float32)
     state = _random_state(rng, 3, vocab)
     rows = [
         {"temperature": 0.7, "top_p": 0.9},  # flat: a nucleus of most of the row
         {"temperature": 1.0, "top_p": 0.5},  # peaked
         {"temperature": 0.7, "top_p": 0.9},
-        {"temperature": 1.0, "top_p": 0.5},
+        {"temperature": 1.0, "top_p": 0.8},  # (never a nucleus of one: "above" needs two bins)
         {"temperature": 1.0, "top_p": 0.8, "min_p": 0.1},
         {"temperature": 1.0, "top_p": 0.8, "min_p": 0.1},
         {"temperature": 0.7, "top_p": 0.9, "repetition": 1.1, "state_row": 0},  # the app's
