@@ -128,14 +128,14 @@ def mass_sums(scores, start, end, top, min_bound, kth, scale, xw):
     xs = cuda.local.array(UNROLL, float32)
     stop = uint32(end)
     stride = uint32(nt)
-    last = stop - uint32(1)
+    last = uint32(stop - uint32(1))  # (uint32 - uint32 widens to 64 bits in Numba)
     base = uint32(start) + uint32(cuda.threadIdx.x)
     while base < stop:
         for u in range(UNROLL):
             xs[u] = scores[min(uint32(base + uint32(u) * stride), last)]
         for u in range(UNROLL):
-            x = xs[u] * scale
-            if uint32(base + uint32(u) * stride) < stop and kept(x, min_bound, kth):
+            x = xs[u] * scale if uint32(base + uint32(u) * stride) < stop else NEG_INF
+            if kept(x, min_bound, kth):  # (a select above: every load used before a branch)
                 m = fixed_mass(x, top)
                 z += m
                 if x > xw:
@@ -152,14 +152,14 @@ def bin_masses(scores, start, end, top, min_bound, kth, scale, lo, hi):
     xs = cuda.local.array(UNROLL, float32)
     stop = uint32(end)
     stride = uint32(nt)
-    last = stop - uint32(1)
+    last = uint32(stop - uint32(1))  # (uint32 - uint32 widens to 64 bits in Numba)
     base = uint32(start) + uint32(cuda.threadIdx.x)
     while base < stop:
         for u in range(UNROLL):
             xs[u] = scores[min(uint32(base + uint32(u) * stride), last)]
         for u in range(UNROLL):
-            x = xs[u] * scale
-            if uint32(base + uint32(u) * stride) < stop and kept(x, min_bound, kth):
+            x = xs[u] * scale if uint32(base + uint32(u) * stride) < stop else NEG_INF
+            if kept(x, min_bound, kth):  # (a select above: every load used before a branch)
                 add_mass(lo, hi, linear_bin(top, x), fixed_mass(x, top))
         base = uint32(base + stride * uint32(UNROLL))
 
@@ -296,7 +296,7 @@ def linear_split_kernel(
         xs = cuda.local.array(UNROLL, float32)
         stop = uint32(end)
         stride = uint32(nt)
-        last = stop - uint32(1)
+        last = uint32(stop - uint32(1))  # (uint32 - uint32 widens to 64 bits in Numba)
         bar = NEG_INF  # the warp's best noisy score so far (sampling_common.noisy_pack)
         base0 = uint32(start)
         while base0 < stop:  # block-uniform, for warp_bar

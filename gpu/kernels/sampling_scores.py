@@ -164,30 +164,33 @@ def scores_kernel(
     top = NEG_INF  # truncating rows' max: a float max, one instruction a score
     wcand = int64(NONE)
     xs = cuda.local.array(UNROLL, float32)
-    nt = cuda.blockDim.x
+    scores = logits[row]  # one row's view: 32-bit offsets from its start, not [row, v]
+    stop = uint32(end)
+    stride = uint32(cuda.blockDim.x)
+    last = uint32(stop - uint32(1))  # (uint32 - uint32 widens to 64 bits in Numba)
     bar = NEG_INF  # the best noisy score of the warp so far (sampling_common.noisy_pack)
-    for base0 in range(start, end, nt * UNROLL):  # block-uniform: warp_bar needs every lane
-        base = base0 + tid
+    base0 = uint32(start)
+    while base0 < stop:  # block-uniform: warp_bar needs every lane
+        base = uint32(base0 + uint32(tid))
         for u in range(UNROLL):  # every load of the group in flight at once
-            v = min(base + u * nt, end - 1)
-            xs[u] = logits[row, v]
+            xs[u] = scores[min(uint32(base + uint32(u) * stride), last)]
         for u in range(UNROLL):
-            v = base + u * nt
-            if v < end:
-                x = xs[u]
-                if not greedy:
-                    x = x * inv_t
-                if greedy or finite(x):
-                    if draws:
-                        wcand = max(wcand, noisy_pack(x, v, key, bar))
-                    if greedy:
-                        cand = max(cand, pack(x, v))
-                    elif truncate:
-                        top = max(top, x)
-                        if fold:  # a finite scaled score: its key's top 11 bits
-                            cuda.atomic.add(lo, ordered_key(x) >> 21, uint32(1))
+            v = uint32(base + uint32(u) * stride)
+            x = xs[u] if v < stop else NEG_INF  # (a select: every load used before a branch)
+            if not greedy:
+                x = x * inv_t
+            if (greedy and v < stop) or finite(x):
+                if draws:
+                    wcand = max(wcand, noisy_pack(x, v, key, bar))
+                if greedy:
+                    cand = max(cand, pack(x, v))
+                elif truncate:
+                    top = max(top, x)
+                    if fold:  # a finite scaled score: its key's top 11 bits
+                        cuda.atomic.add(lo, ordered_key(x) >> 21, uint32(1))
         if draws:
             bar = warp_bar(wcand)
+        base0 = uint32(base0 + stride * uint32(UNROLL))
     if truncate and top > NEG_INF:
         cand = pack(top, 0)
     if greedy or truncate:  # (block-uniform; temperature-only rows have only wcand)
