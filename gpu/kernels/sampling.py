@@ -14,23 +14,25 @@ in all for small batches, down to one or two a row at batch 256, chunks of >= MI
 logits), and the thresholds are found by radix select in 3 passes each, over a copy of the
 row's candidates once they fit in a buffer.
 
-The passes, each a kernel (always the same nine, shapes from n and V only: no host sync, one
+The passes, each a kernel (always the same ten, shapes from n and V only: no host sync, one
 CUDA graph; THREADS threads a block, which the histogram loops assume):
 
-1. scores_kernel (sampling_scores.py): bans and penalties from the state (spec step 1), greedy
-   argmax or x / T. Greedy and temperature-only rows finish here; truncating rows store their
-   max and min_p bound, and top-k rows count their first radix digit. Top-p rows without top-k
-   also take their Gumbel-max over every finite score (R_WINNER): the token, wherever the
-   thresholds keep it (the early exits of passes 3 and 5).
+1. scores_kernel (sampling_scores.py): bans and penalties from the state (spec step 1, in
+   place on the ids the state's bit mask names), greedy argmax or x / T. Greedy and
+   temperature-only rows finish here; truncating rows store their max and min_p bound, and
+   top-k rows count their first radix digit. Top-p rows without top-k also take their
+   Gumbel-max over every finite score (R_WINNER): the token, wherever the thresholds keep it
+   (the early exits of passes 3 and 5).
 2. radix_count_kernel x 2 (sampling_radix.py, digits 1 and 2 of 11, 11, 10 bits): top-k, the
    k-th largest kept score by radix select over the scores' order-preserving integer keys.
    The second digit copies the row's candidates (every score that can still be kept) into a
    buffer, and later passes read the copy where it fits.
-3. linear_mass_kernel, linear_split_kernel (sampling_linear.py): top-p's cut bin on a linear
-   scale of the scores; a row whose pass-1 winner lies above it is done with top-p (about
-   top_p of the rows: the winner is a draw from the whole row). The others: the Gumbel-max
-   above the cut bin, which is the token unless a score of the cut's bins beats it, and the
-   bins copied out for that case.
+3. linear_mass_kernel, linear_hist_kernel, linear_split_kernel (sampling_linear.py): Z and
+   the mass above the pass-1 winner, two running sums: where the nucleus keeps the winner the
+   row is done with top-p (about top_p of the rows: the winner is a draw from the whole row).
+   The others: top-p's cut bin on a linear scale of the scores, the Gumbel-max above it, which
+   is the token unless a score of the cut's bins beats it, and the bins copied out for that
+   case.
 4. radix_mass_kernel x 3 (sampling_radix.py): top-p's exact cut by radix select with masses
    exp(s - max) in fixed point, over the copy (or, where the copy overflowed, the row). A
    compact row's three digits run in the first launch, in one block (compact_mass_select:
@@ -47,14 +49,14 @@ What they share (sampling_common.py): the row layouts below, the packed (value, 
 histogram's block-wide steps are in sampling_histogram.py.
 
 Rows a pass has nothing to do for (an inactive phase) return at once: a temperature-only step
-still launches all nine kernels, the last eight of them empty blocks.
+still launches all ten kernels, the last nine of them empty blocks.
 
 Scratch (SamplerScratch, allocated once by sampler_scratch, ~80 KB a row: 20 MB at 256 rows):
 the tickets, the packed-max slots and the [rows, 2048] int64 histogram, all left zeroed (or
 -1) by the last blocks, the per-row thresholds (rowf: max, min_p bound, kth, top-p t, Z,
-scale; rowi: mode, prefix, remaining count or mass, candidates, digit, linear cut bin), and
-the candidate buffers
-(64 KB a row).
+scale; rowi: mode, prefix, remaining count or mass, candidates, digit, linear cut bin, the
+pass-1 winner), the candidate buffers (64 KB a row) and the work lists of the two spread linear
+passes (hist_rows, linear_rows).
 
 Ties: argmax and Gumbel-max take the smallest index among equal values (np.argmax); top-k and
 top-p keep every score tied at the edge. Results may differ from numpy only where float
