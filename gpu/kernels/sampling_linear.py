@@ -118,10 +118,13 @@ def linear_bin(top, x):
 
 
 @device_function
-def mass_sums(scores, start, end, top, min_bound, kth, scale, xw):
-    """This thread's share of (Z, A) over scores[start:end]: the fixed-point masses of the
-    kept scores, and of those strictly above xw. Two running sums a thread: no histogram, no
-    shared-memory atomic a score."""
+def scan_masses(scores, start, end, top, min_bound, kth, scale, xw, lo, hi, binned):
+    """The fixed-point mass of every kept score of scores[start:end]. With `binned`, into its
+    linear bin of this block's histogram (lo, hi: sampling_histogram.add_mass; cleared and
+    synced by the caller). Else this thread's share of (Z, A): the masses of the kept scores,
+    and of those strictly above xw, two running sums with no shared-memory atomic a score.
+    Returns (Z, A), zeros when binned (`binned` is a constant at each call: the inlined loop
+    keeps one of the two)."""
     nt = cuda.blockDim.x
     z = int64(0)
     a = int64(0)
@@ -137,31 +140,14 @@ def mass_sums(scores, start, end, top, min_bound, kth, scale, xw):
             x = xs[u] * scale if uint32(base + uint32(u) * stride) < stop else NEG_INF
             if kept(x, min_bound, kth):  # (a select above: every load used before a branch)
                 m = fixed_mass(x, top)
-                z += m
-                if x > xw:
-                    a += m
+                if binned:
+                    add_mass(lo, hi, linear_bin(top, x), m)
+                else:
+                    z += m
+                    if x > xw:
+                        a += m
         base = uint32(base + stride * uint32(UNROLL))
     return z, a
-
-
-@device_function
-def bin_masses(scores, start, end, top, min_bound, kth, scale, lo, hi):
-    """Every kept score of scores[start:end] into this block's histogram: its mass into its
-    linear bin (lo, hi: sampling_histogram.add_mass; cleared and synced by the caller)."""
-    nt = cuda.blockDim.x
-    xs = cuda.local.array(UNROLL, float32)
-    stop = uint32(end)
-    stride = uint32(nt)
-    last = uint32(stop - uint32(1))  # (uint32 - uint32 widens to 64 bits in Numba)
-    base = uint32(start) + uint32(cuda.threadIdx.x)
-    while base < stop:
-        for u in range(UNROLL):
-            xs[u] = scores[min(uint32(base + uint32(u) * stride), last)]
-        for u in range(UNROLL):
-            x = xs[u] * scale if uint32(base + uint32(u) * stride) < stop else NEG_INF
-            if kept(x, min_bound, kth):  # (a select above: every load used before a branch)
-                add_mass(lo, hi, linear_bin(top, x), fixed_mass(x, top))
-        base = uint32(base + stride * uint32(UNROLL))
 
 
 @device_function
@@ -211,7 +197,7 @@ def linear_mass_kernel(
     xw = scores[packed_index(won)] * scale  # pass 1's winner (any score where there is none)
     test = (mode & MODE_EARLY) != 0 and won >= 0 and kept(xw, min_bound, kth)
     if test:  # Z and the mass above the winner: the accept test (the module docstring)
-        z, a = mass_sums(scores, start, end, top, min_bound, kth, scale, xw)
+        z, a = scan_masses(scores, start, end, top, min_bound, kth, scale, xw, lo, hi, False)
         z = block_sum(buf, z)
         a = block_sum(buf, a)
         if tid == 0:
@@ -220,7 +206,7 @@ def linear_mass_kernel(
     else:  # no winner to test: the row's histogram at once
         clear_bins(lo, hi, BINS)
         cuda.syncthreads()
-        bin_masses(scores, start, end, top, min_bound, kth, scale, lo, hi)
+        scan_masses(scores, start, end, top, min_bound, kth, scale, xw, lo, hi, True)
         cuda.syncthreads()
         flush_bins(lo, hi, hist, row, BINS)
     if not last_block(ticket, row, flag):
@@ -256,7 +242,7 @@ def linear_hist_kernel(logits, fparams, ticket, hist, rowf, rowi, linear_rows, h
         top, min_bound, kth, scale = row_bounds(rowf, row)
         clear_bins(lo, hi, BINS)
         cuda.syncthreads()
-        bin_masses(logits[row], start, end, top, min_bound, kth, scale, lo, hi)
+        scan_masses(logits[row], start, end, top, min_bound, kth, scale, NEG_INF, lo, hi, True)
         cuda.syncthreads()
         flush_bins(lo, hi, hist, row, BINS)
         if last_of(ticket, row, flag, per):
