@@ -24,7 +24,8 @@ names them, so each block patches its chunk's seen ids (patch_chunk: a 4-byte ma
 logits, a cell read only where a bit is set) and every logit the loop reads is already its
 penalised score. Reading the uint16 state beside every logit cost 2 bytes a logit here, and
 the truncating rows then wrote their scaled scores back for the later passes (4 more): on an
-H100 this pass took 228.5 us that way for penalties + top-p at batch 256, 136.8 patched.
+H100 this pass took 228.5 us that way for penalties + top-p at batch 256, 136.8 patched (and
+on 32-bit offsets, measured together).
 
 Top-k rows count their first radix digit here (the key's top 11 bits, over every finite
 score, before the min_p bound is known): exact all the same (see scores_kernel), and it saves
