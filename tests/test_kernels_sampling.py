@@ -247,8 +247,7 @@ def _force_path(logits, md, state, rows, path: str) -> None:
             else:
                 token = int(np.argmax(np.where(keep, noisy, -np.inf)))
                 near = (bins == cut_bin) | (bins == cut_bin - 1)  # the split's copied bins
-                # (A token in the cut's bin is never ended on: not by pass 1's winner, which
-                # would be it, nor by the split, whose copied bins hold it.)
+                # (The split never ends on a token in the cut's bin: its copied bins hold it.)
                 if path == "above":
                     ok = not keep[w] and bins[token] >= cut_bin + 2
                     ok = ok and not (near & (noisy >= noisy[token])).any()
@@ -419,8 +418,8 @@ def test_penalties_with_truncation_and_state_counts(candidates):
 
 def test_early_exits_on_a_winner():
     """Top-p ends on a winner wherever it can (MODE_WON), the twin's token either way: pass 1's
-    Gumbel-max over every finite score, where it lies above the cut bin, ends the row at the
-    linear mass pass (no split, no exact cut, no select); else the split's Gumbel-max above
+    Gumbel-max over every finite score, where the nucleus keeps it, ends the row at the linear
+    mass pass (no histogram, no split, no exact cut, no select); else the split's Gumbel-max above
     the cut bin, where no score of the two copied bins can beat it; else the exact cut and the
     draw run. A min-p row alone takes no winner in pass 1. Each row is re-seeded to take the
     path asked."""

@@ -50,7 +50,7 @@ BINS = 2048  # the first two digits have 11 bits, the last 10
 BINS_PER_THREAD = BINS // THREADS  # (the kernels run THREADS threads a block)
 UNROLL = 4  # logits a thread loads at once (a chunk of MIN_CHUNK: one group)
 MASS_SCALE = float64(2.0**44)  # fixed-point unit of top-p masses (sums < 2**63 for V < 2**19)
-MASS_UNIT = float32(2.0**44)  # (the same, for fixed_mass's float32 product)
+MASS_UNIT = float32(MASS_SCALE)  # (the same, for fixed_mass's float32 product)
 SLOTS = MAX_THREADS // 32  # block_max's scratch (a slot per warp; 32 threads in the simulator)
 # rowf rows
 R_MAX, R_MIN_BOUND, R_KTH, R_P_T, R_Z, R_SCALE = range(6)

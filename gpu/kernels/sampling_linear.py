@@ -47,9 +47,9 @@ The passes are bound by the instructions a score costs, not by HBM (ncu: SM thro
 DRAM 20-38%), so their loops are kept lean: the accept test's sums replace a histogram's two
 shared-memory atomics a score (the returning one on the loop's critical path); offsets and bins
 are 32-bit from the row's start; the split draws noise only where a score can still win
-(sampling_common.noisy_pack). The histogram pass and the split read only
-the rows listed, the whole grid spread over them: on their own one or two blocks a row at batch
-256, the split took as long as over every row (160 us; 36 spread).
+(sampling_common.noisy_pack). The histogram pass and the split read only the rows listed, the
+whole grid spread over them: on their own one or two blocks a row at batch 256, the split took
+as long as over every row (160 us; 36 spread).
 """
 
 from __future__ import annotations

@@ -69,14 +69,18 @@ def new_state(num_rows: int, vocab: int) -> np.ndarray:
     return np.zeros((num_rows, vocab), dtype=STATE_DTYPE)
 
 
+def new_mask(num_rows: int, vocab: int) -> np.ndarray:
+    """An empty bit mask for a table of num_rows x vocab: uint32 [num_rows, ceil(vocab / 32)]."""
+    return np.zeros((num_rows, -(-vocab // 32)), dtype=np.uint32)
+
+
 def state_mask(state: np.ndarray) -> np.ndarray:
     """The device's bit mask of a table: bit v % 32 of word v // 32 set where cell v of the row
-    is nonzero (uint32 [rows, ceil(vocab / 32)])."""
-    rows, vocab = state.shape
-    bits = np.zeros((rows, -(-vocab // 32) * 32), dtype=np.uint64)
-    bits[:, :vocab] = state != 0
-    weights = np.uint64(1) << np.arange(32, dtype=np.uint64)
-    return (bits.reshape(rows, -1, 32) * weights).sum(axis=2).astype(np.uint32)
+    is nonzero."""
+    mask = new_mask(*state.shape)
+    bits = np.packbits(state != 0, axis=1, bitorder="little")  # byte j: cells 8j..8j+7
+    mask.view(np.uint8)[:, : bits.shape[1]] = bits  # (little-endian words, as the device's)
+    return mask
 
 
 def write_states(state: np.ndarray, writes: Iterable[StateWrite] | None) -> None:

@@ -37,7 +37,7 @@ from gpu.kernels import sampling as k
 from gpu.kernels.argmax import argmax_rows, argmax_scratch_size
 from gpu.kernels.token_state import pack_writes, unpack, write_states
 from gpu.sampling import SamplingMetadata
-from gpu.sampling.token_state import new_state
+from gpu.sampling.token_state import new_mask, new_state
 
 
 def sampler_fields(max_rows: int) -> list[tuple[str, type, tuple[int, ...]]]:
@@ -76,9 +76,7 @@ class DeviceSampler:
         self.own_staging = staging is None
         self.staging = staging or Staging(sampler_fields(max_rows), stream)
         self.state = cuda.to_device(new_state(max_rows, vocab_size), stream=stream)
-        self.state_mask = cuda.to_device(
-            np.zeros((max_rows, -(-vocab_size // 32)), np.uint32), stream=stream
-        )  # a bit a nonzero cell (gpu/sampling/token_state.py)
+        self.state_mask = cuda.to_device(new_mask(max_rows, vocab_size), stream=stream)
         self.scratch = k.sampler_scratch(max_rows, vocab_size, stream)
         self.out = cuda.device_array(max_rows, dtype=np.int32, stream=stream)
         scratch = argmax_scratch_size(max_rows, vocab_size)
