@@ -117,6 +117,45 @@ def patch_chunk(logits, row, start, end, state, mask, state_row, ban, repetition
             logits[row, v] = apply_state(logits[row, v], cell, ban, repetition, presence, frequency)
 
 
+@device_function
+def scan_scores(scores, start, end, inv_t, key, lo, greedy, draws, fold):
+    """One block's share of pass 1 over scores[start:end]: (the greedy argmax packed, the max
+    of the finite scaled scores, the Gumbel-max over them packed) as the flags ask (`fold`:
+    also count top-k's first digit into lo)."""
+    tid = cuda.threadIdx.x
+    cand = int64(NONE)  # greedy rows' argmax
+    top = NEG_INF  # truncating rows' max: a float max, one instruction a score
+    wcand = int64(NONE)
+    xs = cuda.local.array(UNROLL, float32)
+    stop = uint32(end)
+    stride = uint32(cuda.blockDim.x)
+    last = uint32(stop - uint32(1))  # (uint32 - uint32 widens to 64 bits in Numba)
+    bar = NEG_INF  # the best noisy score of the warp so far (sampling_common.noisy_pack)
+    base0 = uint32(start)
+    while base0 < stop:  # block-uniform: warp_bar needs every lane
+        base = uint32(base0 + uint32(tid))
+        for u in range(UNROLL):  # every load of the group in flight at once
+            xs[u] = scores[min(uint32(base + uint32(u) * stride), last)]
+        for u in range(UNROLL):
+            v = uint32(base + uint32(u) * stride)
+            x = xs[u] if v < stop else NEG_INF  # (a select: every load used before a branch)
+            if greedy:
+                if v < stop:
+                    cand = max(cand, pack(x, v))
+            else:
+                x = x * inv_t
+                if finite(x):
+                    if draws:
+                        wcand = max(wcand, noisy_pack(x, v, key, bar))
+                    top = max(top, x)
+                    if fold:  # a finite scaled score: its key's top 11 bits
+                        cuda.atomic.add(lo, ordered_key(x) >> 21, uint32(1))
+        if draws:
+            bar = warp_bar(wcand)
+        base0 = uint32(base0 + stride * uint32(UNROLL))
+    return cand, top, wcand
+
+
 @cuda.jit(cache=True)
 def scores_kernel(
     logits, chunk_len, fparams, iparams, uparams, state, mask, ticket, best, winner, rowf, rowi,
@@ -162,37 +201,15 @@ def scores_kernel(
     # nucleus holds top_p of the mass). Not min-p alone: a flat row keeps a sliver of its mass
     # (~10% at min_p 0.1 on random weights), and its noise here would cost more than it saves.
     draws = not greedy and (not truncate or (top_k == 0 and top_p < 1))
-    cand = int64(NONE)  # greedy rows' argmax
-    top = NEG_INF  # truncating rows' max: a float max, one instruction a score
-    wcand = int64(NONE)
-    xs = cuda.local.array(UNROLL, float32)
     scores = logits[row]  # one row's view: 32-bit offsets from its start, not [row, v]
-    stop = uint32(end)
-    stride = uint32(cuda.blockDim.x)
-    last = uint32(stop - uint32(1))  # (uint32 - uint32 widens to 64 bits in Numba)
-    bar = NEG_INF  # the best noisy score of the warp so far (sampling_common.noisy_pack)
-    base0 = uint32(start)
-    while base0 < stop:  # block-uniform: warp_bar needs every lane
-        base = uint32(base0 + uint32(tid))
-        for u in range(UNROLL):  # every load of the group in flight at once
-            xs[u] = scores[min(uint32(base + uint32(u) * stride), last)]
-        for u in range(UNROLL):
-            v = uint32(base + uint32(u) * stride)
-            x = xs[u] if v < stop else NEG_INF  # (a select: every load used before a branch)
-            if not greedy:
-                x = x * inv_t
-            if (greedy and v < stop) or finite(x):
-                if draws:
-                    wcand = max(wcand, noisy_pack(x, v, key, bar))
-                if greedy:
-                    cand = max(cand, pack(x, v))
-                elif truncate:
-                    top = max(top, x)
-                    if fold:  # a finite scaled score: its key's top 11 bits
-                        cuda.atomic.add(lo, ordered_key(x) >> 21, uint32(1))
-        if draws:
-            bar = warp_bar(wcand)
-        base0 = uint32(base0 + stride * uint32(UNROLL))
+    # One loop for each kind of row, the flags constants at each call (scan_scores is inlined):
+    # a loop that carried all three paths kept their registers and branches in every group.
+    if greedy:
+        cand, top, wcand = scan_scores(scores, start, end, inv_t, key, lo, True, False, False)
+    elif draws:
+        cand, top, wcand = scan_scores(scores, start, end, inv_t, key, lo, False, True, False)
+    else:
+        cand, top, wcand = scan_scores(scores, start, end, inv_t, key, lo, False, False, fold)
     if truncate and top > NEG_INF:
         cand = pack(top, 0)
     if greedy or truncate:  # (block-uniform; temperature-only rows have only wcand)
