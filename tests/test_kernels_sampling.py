@@ -511,34 +511,38 @@ def test_gpu_code_path():
 
 
 @cuda.jit
-def _noisy_pack_kernel(xs, bars, tokens, key, got, exact):
+def _noisy_offer_kernel(xs, bars, tokens, key, got, exact):
     i = cuda.grid(1)
     if i < xs.shape[0]:
-        got[i] = sampling_common.noisy_pack(xs[i], tokens[i], key, bars[i])
+        offset = sampling_common.bar_offset(bars[i])
+        got[i] = sampling_common.noisy_offer(NONE, xs[i], tokens[i], key, offset)
         exact[i] = sampling_common.pack(xs[i] + sampling_common.gumbel(key, tokens[i]), tokens[i])
 
 
-def test_noisy_pack_skips_only_what_cannot_reach_the_bar():
-    """The noise filter against the exact draw: where it returns NONE the exact noisy score is
+def test_noisy_offer_skips_only_what_cannot_reach_the_bar():
+    """The noise filter against the exact draw: where it offers nothing the exact noisy score is
     under the bar (so it could not be the row's max), elsewhere it is the exact packed score.
     Bars at random distances, and right at the edge: the exact score itself, a rounding above
-    and below it, and the slack's size either side; logits up to 1e4 (the slack scales)."""
+    and below it, and the slack's size either side; logits up to 1e4 (the slack scales); -inf,
+    +inf and NaN never offered."""
     rng, seed = fresh_rng()
     n = 4096
     key = rng_mod.row_key(np.uint64(rng.integers(0, 2**63)), np.uint64(rng.integers(0, 1000)))
     tokens = rng.integers(0, 200_000, n).astype(np.int32)
     scale = np.where(np.arange(n) % 8 == 0, 1e4, 3.0).astype(np.float32)
     xs = (rng.standard_normal(n) * scale).astype(np.float32)
+    xs[4:7] = [-np.inf, np.inf, np.nan]
     d_xs, d_tokens = cuda.to_device(xs), cuda.to_device(tokens)
 
     def run(bars: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         got, exact = poisoned((n,), np.int64), poisoned((n,), np.int64)
-        _noisy_pack_kernel[n // 64, 64](
+        _noisy_offer_kernel[n // 64, 64](
             d_xs, cuda.to_device(bars.astype(np.float32)), d_tokens, np.uint64(key), got, exact
         )
         return synced(got), synced(exact)
 
-    _, exact = run(np.full(n, -np.inf, np.float32))
+    unbarred, exact = run(np.full(n, -np.inf, np.float32))
+    assert (unbarred[4:7] == NONE).all() and (unbarred[7:] >= 0).all()
     values = _key_values(exact >> 31)  # each exact noisy score
     edge = np.array([0.0, 1e-7, -1e-7, 1e-3, -1e-3, 3e-3, -3e-3, 0.5], np.float32)
     bars = (xs + rng.uniform(-2.0, 22.0, n)).astype(np.float32)
@@ -546,12 +550,14 @@ def test_noisy_pack_skips_only_what_cannot_reach_the_bar():
     e = edge[at_edge % len(edge)]
     bars[at_edge] = values[at_edge] * (1 + e) + e
     bars[:4] = [-np.inf, values[1], xs[2] + 100, xs[3] - 100]
+    bars[4:7] = [0.0, 0.0, 0.0]
     got, again = run(bars)
     assert np.array_equal(again, exact)
     skipped = got == NONE
-    assert (values[skipped] < bars[skipped]).all(), f"KERNEL_TEST_SEED={seed}"
+    finite = np.isfinite(xs)
+    assert (values[skipped & finite] < bars[skipped & finite]).all(), f"KERNEL_TEST_SEED={seed}"
     assert np.array_equal(got[~skipped], exact[~skipped]), f"KERNEL_TEST_SEED={seed}"
-    assert not skipped[:2].any() and skipped[2] and not skipped[3]
+    assert not skipped[:2].any() and skipped[2] and not skipped[3] and skipped[4:7].all()
     assert skipped.mean() > 0.4  # it does skip: most random bars are out of reach
 
 

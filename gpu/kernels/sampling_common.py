@@ -88,11 +88,15 @@ if SIMULATOR:
         x ^= x >> 16
         return ((x + (int(key) >> 32)) & _MASK32) >> 9
 
-    def fast_exp(x):
-        return np.float32(math.exp(x))
+    def ex2_approx(x):
+        """2**x in float32 (the device's ex2.approx.ftz: -inf -> 0, +inf -> inf)."""
+        with np.errstate(over="ignore"):
+            return np.exp2(np.float32(x))
 
 else:
-    from numba.cuda import libdevice
+    from llvmlite import ir
+    from numba.core import types
+    from numba.cuda.extending import intrinsic
 
     @device_function
     def row_key(seed, step):
@@ -116,10 +120,17 @@ else:
         x = uint32(x ^ (x >> uint32(16)))
         return uint32(uint32(x + uint32(key >> uint64(32))) >> uint32(9))
 
-    @device_function
-    def fast_exp(x):
-        """exp by ex2.approx (relative error ~2**-21): for noisy_pack's bound only."""
-        return libdevice.fast_expf(x)
+    @intrinsic
+    def ex2_approx(typingctx, x):
+        """2**x by one ex2.approx.ftz.f32 (relative error ~2**-22; subnormal results 0):
+        noisy_offer's bound, where libdevice's exp2f adds a range fix of three instructions."""
+        sig = types.float32(types.float32)
+
+        def codegen(context, builder, signature, args):
+            fnty = ir.FunctionType(ir.FloatType(), [ir.FloatType()])
+            return builder.asm(fnty, "ex2.approx.ftz.f32 $0, $1;", "=f,f", list(args), False)
+
+        return sig, codegen
 
 
 @device_function
@@ -143,46 +154,61 @@ def gumbel_of(bits):
 
 @device_function
 def gumbel(key, token):
-    """Gumbel(0, 1) noise of one token of a keyed row: what noisy_pack adds where it draws."""
+    """Gumbel(0, 1) noise of one token of a keyed row: what noisy_offer adds where it draws."""
     return gumbel_of(noise_bits(key, token))
 
 
-@device_function
-def noisy_pack(x, v, key, bar):
-    """pack(x + gumbel(key, v), v), or NONE where x + noise provably stays under bar (a noisy
-    score this warp has already reached: then x cannot be the row's Gumbel-max).
+L2E = float32(1.0 / math.log(2.0))  # exp(y) = 2**(y * L2E)
+LOG2_MARGIN = float32(math.log2(1.001))  # noisy_offer's bound, 1.001 times the exact one
+SKIP_CAP = float32(math.exp(-NOISE_CAP))  # a bound this low: more than NOISE_CAP under the bar
 
-    Most scores of a row cannot win, and the two logarithms are most of a draw's cost. The
-    noise x needs is need = bar - x, less a slack for the float32 rounding of x + g; g > need
-    <=> E = -log(u) < c = exp(-need) <=> 1 - u < 1 - exp(-c), which is at most c. A lower
-    bound of 1 - u comes from the 23 bits by a bit cast, c from one fast exponential, with a
-    margin (c * 1.001) far above its error: a skipped score is one the exact noise would also
-    have left under bar, so the max, and the token drawn, are the exact computation's. g never
-    exceeds NOISE_CAP, so a score further than that under bar needs no hash at all.
-    """
-    need = bar - x - (float32(1e-3) + float32(1e-5) * (abs(x) + abs(bar)))
-    if need > NOISE_CAP:
-        return int64(NONE)
-    bits = noise_bits(key, v)
-    if need > 0:
-        c = fast_exp(-need)
+
+@device_function
+def noise_offset(cand):
+    """noisy_offer's offset for the warp's best noisy score so far (bar_offset of the max over
+    the warp of the packed cands; every lane of the warp in step: a block-uniform loop). In the
+    simulator, which has no shuffles, each thread's own."""
+    bar = key_to_f32(cand >> 31) if cand >= 0 else NEG_INF
+    if not SIMULATOR:
+        bar = warp_max(bar, 32)
+    return bar_offset(bar)
+
+
+@device_function
+def bar_offset(bar):
+    """(slack - bar) * L2E + log2(1.001): noisy_offer's offset for a bar (+inf for -inf: every
+    score offered in full). slack = 1e-3 + 1e-5 * (2 |bar| + 20) covers the float32 rounding
+    of x + g and of noisy_offer's bound for every x within 20 of the bar (|x| <= |bar| + 20); a
+    score further under the bar is more than 3 under it with the largest noise, far above that
+    rounding."""
+    slack = float32(1e-3) + float32(1e-5) * (float32(2.0) * abs(bar) + float32(20.0))
+    return (slack - bar) * L2E + LOG2_MARGIN
+
+
+@device_function
+def noisy_offer(cand, x, v, key, offset):
+    """max(cand, pack(x + gumbel(key, v), v)) for a finite x; cand where x + noise provably stays
+    under the bar that offset was made from (noise_offset: a noisy score this warp has already
+    reached, so x cannot be the row's Gumbel-max), or x is not finite.
+
+    Most scores of a row cannot win, and the two logarithms are most of a draw's cost. Let
+    need = bar - x - slack: g > need <=> E = -log(u) < c = exp(-need) <=> 1 - u < 1 - exp(-c),
+    which is at most c. A lower bound d of 1 - u comes from the 23 bits by a bit cast, and
+    c' = 2**(x * L2E + offset) = 1.001 c (one FFMA and one ex2.approx, whose error the 1.001 covers
+    a thousand times over): d >= c' means g <= need, so x + g stays under the bar and the max,
+    and the token drawn, are the exact computation's. c' >= 1 > d wherever need <= 0, c' = 0
+    for x = -inf, and no comparison holds for NaN. Where c' < SKIP_CAP, need exceeds NOISE_CAP,
+    above any noise: no hash at all (the far tail of a peaked row). A flat row's common path is
+    then one FFMA, one ex2, the hash and a compare a score."""
+    c = ex2_approx(x * L2E + offset)
+    if c >= SKIP_CAP:
+        bits = noise_bits(key, v)
         # 1 - u = (m + 1/2) / 2**23 with m = 2**23 - 1 - bits: at least m / 2**23, which is
         # 1.m - 1 exactly, the float with m as its mantissa (a bit cast, no conversion).
         d = bits_f32(uint32(0x3F800000) | (uint32(0x7FFFFF) - uint32(bits))) - float32(1.0)
-        if d >= c * float32(1.001):  # 1 - u >= d, and q = 1 - exp(-c) <= c
-            return int64(NONE)
-    return pack(x + gumbel_of(bits), v)
-
-
-@device_function
-def warp_bar(cand):
-    """noisy_pack's bar: the best noisy score among the warp's packed maxes (-inf before any),
-    in every lane (the whole warp in step: a block-uniform loop); in the simulator, which has
-    no shuffles, each thread's own."""
-    value = key_to_f32(cand >> 31) if cand >= 0 else NEG_INF
-    if SIMULATOR:
-        return value
-    return warp_max(value, 32)
+        if d < c and finite(x):
+            cand = max(cand, pack(x + gumbel_of(bits), v))
+    return cand
 
 
 @device_function

@@ -43,11 +43,11 @@ from gpu.kernels.sampling_common import (
     kept,
     last_block,
     load,
-    noisy_pack,
+    noise_offset,
+    noisy_offer,
     packed_index,
     row_bounds,
     row_key,
-    warp_bar,
 )
 
 
@@ -84,8 +84,8 @@ def gumbel_kernel(
     xs = cuda.local.array(UNROLL, float32)
     vs = cuda.local.array(UNROLL, int32)
     nt = cuda.blockDim.x
-    bar = NEG_INF  # the warp's best noisy score so far (sampling_common.noisy_pack)
-    for base0 in range(start, end, nt * UNROLL):  # block-uniform, for warp_bar
+    offset = -NEG_INF  # noisy_offer's: every score offered in full until the warp has a bar
+    for base0 in range(start, end, nt * UNROLL):  # block-uniform, for noise_offset
         base = base0 + tid
         for u in range(UNROLL):
             load(logits, cand_val, cand_idx, row, min(base + u * nt, end - 1), compact, xs, vs, u)
@@ -94,8 +94,8 @@ def gumbel_kernel(
             v = vs[u]
             if base + u * nt < end and kept(x, min_bound, kth):
                 if p_t == 0 or float32(math.exp(x - top)) / z >= p_t:
-                    cand = max(cand, noisy_pack(x, v, key, bar))
-        bar = warp_bar(cand)
+                    cand = noisy_offer(cand, x, v, key, offset)
+        offset = noise_offset(cand)
     cand = block_max(buf, cand)
     if tid == 0 and cand >= 0:
         cuda.atomic.max(best, row, cand)

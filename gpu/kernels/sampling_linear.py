@@ -47,7 +47,7 @@ The passes are bound by the instructions a score costs, not by HBM (ncu: SM thro
 DRAM 20-38%), so their loops are kept lean: the accept test's sums replace a histogram's two
 shared-memory atomics a score (the returning one on the loop's critical path); offsets and bins
 are 32-bit from the row's start; the split draws noise only where a score can still win
-(sampling_common.noisy_pack). The histogram pass and the split read only the rows listed, the
+(sampling_common.noisy_offer). The histogram pass and the split read only the rows listed, the
 whole grid spread over them: on their own one or two blocks a row at batch 256, the split took
 as long as over every row (160 us; 36 spread).
 """
@@ -90,11 +90,11 @@ from gpu.kernels.sampling_common import (
     last_block,
     last_of,
     listed_share,
-    noisy_pack,
+    noise_offset,
+    noisy_offer,
     packed_index,
     row_bounds,
     row_key,
-    warp_bar,
 )
 from gpu.kernels.sampling_histogram import (
     add_mass,
@@ -283,9 +283,9 @@ def linear_split_kernel(
         stop = uint32(end)
         stride = uint32(nt)
         last = uint32(stop - uint32(1))  # (uint32 - uint32 widens to 64 bits in Numba)
-        bar = NEG_INF  # the warp's best noisy score so far (sampling_common.noisy_pack)
+        offset = -NEG_INF  # noisy_offer's: every score offered in full until the warp has a bar
         base0 = uint32(start)
-        while base0 < stop:  # block-uniform, for warp_bar
+        while base0 < stop:  # block-uniform, for noise_offset
             base = uint32(base0 + uint32(tid))
             for u in range(UNROLL):
                 xs[u] = scores[min(uint32(base + uint32(u) * stride), last)]
@@ -295,16 +295,16 @@ def linear_split_kernel(
                 keep = v < stop and kept(x, min_bound, kth)
                 b = linear_bin(top, x) if keep else int32(-1)
                 if b > cut:
-                    cand = max(cand, noisy_pack(x, v, key, bar))
+                    cand = noisy_offer(cand, x, v, key, offset)
                 elif b >= cut - 1:  # b >= 0: kept
-                    edge = max(edge, noisy_pack(x, v, key, bar))
+                    edge = noisy_offer(edge, x, v, key, offset)
                 if full[0] == 0:
                     want = b == cut or b == cut - 1
                     slot = claim_slot(rowi, row, want, capacity, full)
                     if want and slot < capacity:
                         cand_val[row, slot] = xs[u]  # as stored: later passes multiply by scale
                         cand_idx[row, slot] = v
-            bar = warp_bar(cand)
+            offset = noise_offset(cand)
             base0 = uint32(base0 + stride * uint32(UNROLL))
         cand = block_max(buf, cand)
         if tid == 0 and cand >= 0:

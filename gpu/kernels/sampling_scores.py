@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 
-from numba import cuda, float32, int32, int64, uint32
+from numba import cuda, float32, int32, int64, uint32, uint64
 
 from gpu.kernels.bf16 import key_to_f32, ordered_key
 from gpu.kernels.block_reduce import block_max
@@ -82,10 +82,10 @@ from gpu.kernels.sampling_common import (
     finish_row,
     finite,
     last_block,
-    noisy_pack,
+    noise_offset,
+    noisy_offer,
     pack,
     row_key,
-    warp_bar,
 )
 from gpu.kernels.sampling_histogram import clear_bins, find_bin, flush_bins, read_histogram
 
@@ -118,41 +118,70 @@ def patch_chunk(logits, row, start, end, state, mask, state_row, ban, repetition
 
 
 @device_function
-def scan_scores(scores, start, end, inv_t, key, lo, greedy, draws, fold):
-    """One block's share of pass 1 over scores[start:end]: (the greedy argmax packed, the max
-    of the finite scaled scores, the Gumbel-max over them packed) as the flags ask (`fold`:
-    also count top-k's first digit into lo)."""
+def take_group(xs, base, stop, inv_t, key, lo, cand, top, wcand, offset, greedy, draws, truncate,
+               fold, tail):  # fmt: skip
+    """Pass 1 on one group of loaded scores, xs[u] at base + u * THREADS: the greedy argmax
+    (cand), the max of the finite scaled scores (top, for truncating rows), the Gumbel-max
+    (wcand, for drawing rows) and top-k's first digit (`fold`), as the constant flags ask.
+    Only the row's last group (`tail`) has loads past `stop`, set to -inf here."""
+    for u in range(UNROLL):
+        v = uint32(base + uint32(u * THREADS))
+        x = xs[u]
+        if tail:
+            x = x if v < stop else NEG_INF  # (a select: every load used before a branch)
+        if greedy:
+            if not tail or v < stop:
+                cand = max(cand, pack(x, v))
+        else:
+            x = x * inv_t
+            if draws:
+                wcand = noisy_offer(wcand, x, v, key, offset)
+                if truncate and x < -NEG_INF:  # (-inf leaves the max as it is; not NaN)
+                    top = max(top, x)
+            elif finite(x):
+                top = max(top, x)
+                if fold:  # a finite scaled score: its key's top 11 bits
+                    cuda.atomic.add(lo, ordered_key(x) >> 21, uint32(1))
+    return cand, top, wcand
+
+
+@device_function
+def scan_scores(scores, start, end, inv_t, key, lo, greedy, draws, truncate, fold):
+    """One block's share of pass 1 over scores[start:end] (take_group on each group), as the
+    constant flags ask: (cand, top, wcand). The groups that lie wholly in the share load at
+    constant offsets from one address (a uint64 index: 64-bit arithmetic folds u * THREADS into
+    the load; the clamp and the uint32 wrap of the last group forbid it), the last partial one
+    clamped."""
     tid = cuda.threadIdx.x
     cand = int64(NONE)  # greedy rows' argmax
     top = NEG_INF  # truncating rows' max: a float max, one instruction a score
     wcand = int64(NONE)
     xs = cuda.local.array(UNROLL, float32)
+    group = UNROLL * THREADS
+    whole = uint32(start + (end - start) // group * group)
     stop = uint32(end)
-    stride = uint32(cuda.blockDim.x)
-    last = uint32(stop - uint32(1))  # (uint32 - uint32 widens to 64 bits in Numba)
-    bar = NEG_INF  # the best noisy score of the warp so far (sampling_common.noisy_pack)
+    offset = -NEG_INF  # noisy_offer's: every score offered in full until the warp has a bar
     base0 = uint32(start)
-    while base0 < stop:  # block-uniform: warp_bar needs every lane
-        base = uint32(base0 + uint32(tid))
+    while base0 < whole:  # block-uniform: noise_offset needs every lane
+        base = uint64(base0 + uint32(tid))
         for u in range(UNROLL):  # every load of the group in flight at once
-            xs[u] = scores[min(uint32(base + uint32(u) * stride), last)]
-        for u in range(UNROLL):
-            v = uint32(base + uint32(u) * stride)
-            x = xs[u] if v < stop else NEG_INF  # (a select: every load used before a branch)
-            if greedy:
-                if v < stop:
-                    cand = max(cand, pack(x, v))
-            else:
-                x = x * inv_t
-                if finite(x):
-                    if draws:
-                        wcand = max(wcand, noisy_pack(x, v, key, bar))
-                    top = max(top, x)
-                    if fold:  # a finite scaled score: its key's top 11 bits
-                        cuda.atomic.add(lo, ordered_key(x) >> 21, uint32(1))
+            xs[u] = scores[base + uint64(u * THREADS)]
+        cand, top, wcand = take_group(
+            xs, base, stop, inv_t, key, lo, cand, top, wcand, offset, greedy, draws, truncate,
+            fold, False,
+        )  # fmt: skip
         if draws:
-            bar = warp_bar(wcand)
-        base0 = uint32(base0 + stride * uint32(UNROLL))
+            offset = noise_offset(wcand)
+        base0 = uint32(base0 + uint32(group))
+    if whole < stop:  # the share's last group, partial: clamped loads
+        base = uint32(whole + uint32(tid))
+        last = uint32(stop - uint32(1))  # (uint32 - uint32 widens to 64 bits in Numba)
+        for u in range(UNROLL):
+            xs[u] = scores[min(uint32(base + uint32(u * THREADS)), last)]
+        cand, top, wcand = take_group(
+            xs, base, stop, inv_t, key, lo, cand, top, wcand, offset, greedy, draws, truncate,
+            fold, True,
+        )  # fmt: skip
     return cand, top, wcand
 
 
@@ -205,11 +234,17 @@ def scores_kernel(
     # One loop for each kind of row, the flags constants at each call (scan_scores is inlined):
     # a loop that carried all three paths kept their registers and branches in every group.
     if greedy:
-        cand, top, wcand = scan_scores(scores, start, end, inv_t, key, lo, True, False, False)
-    elif draws:
-        cand, top, wcand = scan_scores(scores, start, end, inv_t, key, lo, False, True, False)
+        cand, top, wcand = scan_scores(scores, start, end, inv_t, key, lo, True, False, False,
+                                       False)  # fmt: skip
+    elif draws and truncate:  # top-p's full-row winner, and the max
+        cand, top, wcand = scan_scores(scores, start, end, inv_t, key, lo, False, True, True,
+                                       False)  # fmt: skip
+    elif draws:  # temperature alone: the token
+        cand, top, wcand = scan_scores(scores, start, end, inv_t, key, lo, False, True, False,
+                                       False)  # fmt: skip
     else:
-        cand, top, wcand = scan_scores(scores, start, end, inv_t, key, lo, False, False, fold)
+        cand, top, wcand = scan_scores(scores, start, end, inv_t, key, lo, False, False, True,
+                                       fold)  # fmt: skip
     if truncate and top > NEG_INF:
         cand = pack(top, 0)
     if greedy or truncate:  # (block-uniform; temperature-only rows have only wcand)
