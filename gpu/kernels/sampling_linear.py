@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import math
 
-from numba import cuda, float32, float64, int32, int64, uint32
+from numba import cuda, float32, float64, int32, int64, uint32, uint64
 
 from gpu.kernels.block_reduce import block_max, block_sum
 from gpu.kernels.launch import device_function
@@ -118,35 +118,53 @@ def linear_bin(top, x):
 
 
 @device_function
+def mass_group(xs, base, stop, top, min_bound, kth, scale, xw, lo, hi, z, a, binned, tail):
+    """scan_masses on one group of loaded scores, xs[u] at base + u * THREADS (only the last
+    group, `tail`, has loads past `stop`)."""
+    for u in range(UNROLL):
+        x = xs[u] * scale
+        if tail:
+            x = x if uint32(base + uint32(u * THREADS)) < stop else NEG_INF
+        if kept(x, min_bound, kth):  # (a select above: every load used before a branch)
+            m = fixed_mass(x, top)
+            if binned:
+                add_mass(lo, hi, linear_bin(top, x), m)
+            else:
+                z += m
+                if x > xw:
+                    a += m
+    return z, a
+
+
+@device_function
 def scan_masses(scores, start, end, top, min_bound, kth, scale, xw, lo, hi, binned):
     """The fixed-point mass of every kept score of scores[start:end]. With `binned`, into its
     linear bin of this block's histogram (lo, hi: sampling_histogram.add_mass; cleared and
     synced by the caller). Else this thread's share of (Z, A): the masses of the kept scores,
     and of those strictly above xw, two running sums with no shared-memory atomic a score.
     Returns (Z, A), zeros when binned (`binned` is a constant at each call: the inlined loop
-    keeps one of the two)."""
-    nt = cuda.blockDim.x
+    keeps one of the two). Whole groups load at constant offsets from one address, as the
+    scores pass's do (sampling_scores.scan_scores)."""
     z = int64(0)
     a = int64(0)
     xs = cuda.local.array(UNROLL, float32)
+    group = UNROLL * THREADS
+    whole = uint32(start + (end - start) // group * group)
     stop = uint32(end)
-    stride = uint32(nt)
-    last = uint32(stop - uint32(1))  # (uint32 - uint32 widens to 64 bits in Numba)
-    base = uint32(start) + uint32(cuda.threadIdx.x)
-    while base < stop:
+    base0 = uint32(start) + uint32(cuda.threadIdx.x)
+    while base0 < whole:
+        base = uint64(base0)
         for u in range(UNROLL):
-            xs[u] = scores[min(uint32(base + uint32(u) * stride), last)]
+            xs[u] = scores[base + uint64(u * THREADS)]
+        z, a = mass_group(xs, base, stop, top, min_bound, kth, scale, xw, lo, hi, z, a, binned,
+                          False)  # fmt: skip
+        base0 = uint32(base0 + uint32(group))
+    if uint32(whole) < stop:  # the last, partial group: clamped loads
+        last = uint32(stop - uint32(1))  # (uint32 - uint32 widens to 64 bits in Numba)
         for u in range(UNROLL):
-            x = xs[u] * scale if uint32(base + uint32(u) * stride) < stop else NEG_INF
-            if kept(x, min_bound, kth):  # (a select above: every load used before a branch)
-                m = fixed_mass(x, top)
-                if binned:
-                    add_mass(lo, hi, linear_bin(top, x), m)
-                else:
-                    z += m
-                    if x > xw:
-                        a += m
-        base = uint32(base + stride * uint32(UNROLL))
+            xs[u] = scores[min(uint32(base0 + uint32(u * THREADS)), last)]
+        z, a = mass_group(xs, base0, stop, top, min_bound, kth, scale, xw, lo, hi, z, a, binned,
+                          True)  # fmt: skip
     return z, a
 
 
