@@ -38,6 +38,8 @@ from gpu.kernels.sampling import (
     R_MODE,
     R_P_T,
     R_SCALE,
+    R_SECOND,
+    R_WINNER,
     R_Z,
     U_SEED,
     U_STEP,
@@ -223,11 +225,13 @@ def _force_path(logits, md, state, rows, path: str) -> None:
     two linear bins) above its least kept score or the row's max: the row ends at the linear
     mass pass;
     "edge": the same, but the winner lies in the cut's own bin (above its 3 least kept);
-    "above": pass 1's winner is cut, and the twin's token lies two bins or more above the cut's
-    linear bin: the row ends at the split, no score at the cut able to win;
-    "cut": pass 1's winner is cut, and a score of the two bins the split copies draws at least
-    the token's noisy score: the exact cut and the draw run (sampling_linear.py,
-    sampling_draw.py)."""
+    "second": the winner is cut and the runner-up kept, as "winner" asks: the row ends at the
+    linear mass pass on the runner-up;
+    "above": pass 1's winner and runner-up are cut, and the twin's token lies two bins or more
+    above the cut's linear bin: the row ends at the split, no score at the cut able to win;
+    "cut": pass 1's winner and runner-up are cut, and a score of the two bins the split copies
+    draws at least the token's noisy score: the exact cut and the draw run
+    (sampling_linear.py, sampling_draw.py)."""
     rng = np.random.default_rng(int(md.seed[rows[0]]) if rows else 0)
     for i in rows:
         scaled = _scaled(logits, md, state, i)
@@ -237,22 +241,27 @@ def _force_path(logits, md, state, rows, path: str) -> None:
         edge, top = scaled[keep].min(), scaled[finite].max()
         bins = _linear_bins(top, scaled)
         cut_bin = bins[keep].min()
-        for _ in range(30000):  # ("cut": one seed in ~1,000 on the flattest rows)
+        for _ in range(100_000):  # ("cut": one seed in ~10,000 on the flattest rows)
             noisy = scaled + rng_mod.gumbel_noise(int(md.seed[i]), int(md.step[i]), len(scaled))
-            w = int(np.argmax(np.where(finite, noisy, -np.inf)))
+            drawn = np.where(finite, noisy, -np.inf)
+            w = int(np.argmax(drawn))  # pass 1's winner, and its runner-up
+            w2 = int(np.argmax(np.where(np.arange(len(drawn)) == w, -np.inf, drawn)))
             if path == "winner":  # (the row's max is always kept: nothing lies above it)
                 ok = keep[w] and (scaled[w] >= edge + 0.05 or scaled[w] == top)
+            elif path == "second":
+                ok = not keep[w] and keep[w2] and (scaled[w2] >= edge + 0.05 or scaled[w2] == top)
             elif path == "edge":  # (clear of the cut's float rounding by two kept scores)
                 ok = keep[w] and bins[w] == cut_bin and scaled[w] > np.sort(scaled[keep])[2]
-            else:
+            else:  # (pass 1's winner and runner-up turned down: else the accept test ends it)
                 token = int(np.argmax(np.where(keep, noisy, -np.inf)))
                 near = (bins == cut_bin) | (bins == cut_bin - 1)  # the split's copied bins
                 # (The split never ends on a token in the cut's bin: its copied bins hold it.)
+                ok = not keep[w] and not keep[w2]
                 if path == "above":
-                    ok = not keep[w] and bins[token] >= cut_bin + 2
+                    ok = ok and bins[token] >= cut_bin + 2
                     ok = ok and not (near & (noisy >= noisy[token])).any()
-                else:  # (pass 1's winner turned down: else the accept test takes it)
-                    ok = not keep[w] and (near & (noisy >= noisy[token])).any()
+                else:
+                    ok = ok and (near & (noisy >= noisy[token])).any()
             if ok:
                 break
             md.seed[i] = rng.integers(0, 2**63)
@@ -419,15 +428,15 @@ def test_penalties_with_truncation_and_state_counts(candidates):
 def test_early_exits_on_a_winner():
     """Top-p ends on a winner wherever it can (MODE_WON), the twin's token either way: pass 1's
     Gumbel-max over every finite score, where the nucleus keeps it, ends the row at the linear
-    mass pass (no histogram, no split, no exact cut, no select); else the split's Gumbel-max above
-    the cut bin, where no score of the two copied bins can beat it; else the exact cut and the
-    draw run. A min-p row alone takes no winner in pass 1. Each row is re-seeded to take the
-    path asked."""
+    mass pass (no histogram, no split, no exact cut, no select), and so does its runner-up
+    where the winner is cut and it is not; else the split's Gumbel-max above the cut bin, where
+    no score of the two copied bins can beat it; else the exact cut and the draw run. A min-p
+    row alone takes no winner in pass 1. Each row is re-seeded to take the path asked."""
     rng, seed = fresh_rng()
     vocab = 2 * MIN_CHUNK + 19
-    spread = np.array([0.5, 2.0, 0.5, 1.5, 1.0, 1.0, 1.3, 1.3, 1.0, 0.5], np.float32)[:, None]
-    logits = (rng.standard_normal((10, vocab)) * spread).astype(np.float32)
-    state = _random_state(rng, 3, vocab)
+    spread = np.array([0.5, 2.0, 0.5, 1.5, 1.0, 1.0, 1.3, 1.3, 1.0, 0.5, 0.5, 1.0], np.float32)
+    logits = (rng.standard_normal((12, vocab)) * spread[:, None]).astype(np.float32)
+    state = _random_state(rng, 4, vocab)
     rows = [
         {"temperature": 0.7, "top_p": 0.9},  # flat: a nucleus of most of the row
         {"temperature": 1.0, "top_p": 0.5},  # peaked
@@ -439,17 +448,24 @@ def test_early_exits_on_a_winner():
         {"temperature": 0.7, "top_p": 0.9, "min_p": 0.05, "repetition": 1.1, "state_row": 1},
         {"temperature": 1.0, "min_p": 0.1},
         {"temperature": 0.7, "top_p": 0.9, "repetition": 1.1, "state_row": 2},
+        {"temperature": 0.7, "top_p": 0.9},
+        {"temperature": 1.0, "top_p": 0.8, "min_p": 0.1, "repetition": 1.1, "state_row": 3},
     ]
     md = _metadata(rows, rng)
     _force_path(logits, md, state, [0, 1, 4, 6], "winner")
+    _force_path(logits, md, state, [10, 11], "second")
     _force_path(logits, md, state, [2, 3, 9], "above")
     _force_path(logits, md, state, [5, 7], "cut")
     scratch = sampler_scratch(len(rows), vocab)
     _check(logits, md, seed, state, scratch)
-    modes = synced(scratch.rowi)[R_MODE, : len(rows)]
-    assert ((modes & MODE_WON) != 0).tolist() == [1, 1, 1, 1, 1, 0, 1, 0, 0, 1]
-    assert ((modes & MODE_LINEAR) != 0).tolist() == [0] * 5 + [1, 0, 1, 0, 0]
-    assert ((modes & MODE_EARLY) != 0).tolist() == [1] * 8 + [0, 1]
+    rowi = synced(scratch.rowi)[:, : len(rows)]
+    modes = rowi[R_MODE]
+    assert ((modes & MODE_WON) != 0).tolist() == [1, 1, 1, 1, 1, 0, 1, 0, 0, 1, 1, 1]
+    assert ((modes & MODE_LINEAR) != 0).tolist() == [0] * 5 + [1, 0, 1, 0, 0, 0, 0]
+    assert ((modes & MODE_EARLY) != 0).tolist() == [1] * 8 + [0, 1, 1, 1]
+    # the runner-up rows ended on it (R_WINNER was set to R_SECOND), the others on the winner
+    took_second = rowi[R_WINNER] == rowi[R_SECOND]
+    assert took_second[[10, 11]].all() and not took_second[[0, 1, 4, 6]].any()
 
 
 def test_winner_in_the_cut_bin():
@@ -511,12 +527,16 @@ def test_gpu_code_path():
 
 
 @cuda.jit
-def _noisy_offer_kernel(xs, bars, tokens, key, got, exact):
+def _noisy_offer_kernel(xs, bars, tokens, key, got, exact, two):
     i = cuda.grid(1)
     if i < xs.shape[0]:
         offset = sampling_common.bar_offset(bars[i])
-        got[i] = sampling_common.noisy_offer(NONE, xs[i], tokens[i], key, offset)
+        got[i], _ = sampling_common.noisy_offer(NONE, NONE, xs[i], tokens[i], key, offset, False)
         exact[i] = sampling_common.pack(xs[i] + sampling_common.gumbel(key, tokens[i]), tokens[i])
+        # the two best of (two[i, 0] > two[i, 1], the offer), in place
+        two[i, 0], two[i, 1] = sampling_common.noisy_offer(
+            two[i, 0], two[i, 1], xs[i], tokens[i], key, offset, True
+        )
 
 
 def test_noisy_offer_skips_only_what_cannot_reach_the_bar():
@@ -524,7 +544,7 @@ def test_noisy_offer_skips_only_what_cannot_reach_the_bar():
     under the bar (so it could not be the row's max), elsewhere it is the exact packed score.
     Bars at random distances, and right at the edge: the exact score itself, a rounding above
     and below it, and the slack's size either side; logits up to 1e4 (the slack scales); -inf,
-    +inf and NaN never offered."""
+    +inf and NaN never offered. Keeping two, an offer lands first, second or nowhere."""
     rng, seed = fresh_rng()
     n = 4096
     key = rng_mod.row_key(np.uint64(rng.integers(0, 2**63)), np.uint64(rng.integers(0, 1000)))
@@ -534,11 +554,19 @@ def test_noisy_offer_skips_only_what_cannot_reach_the_bar():
     xs[4:7] = [-np.inf, np.inf, np.nan]
     d_xs, d_tokens = cuda.to_device(xs), cuda.to_device(tokens)
 
+    held = np.sort(rng.integers(0, 2**62, (n, 2)), axis=1)[:, ::-1].copy()  # (best, second)
+    held[: n // 4, 1] = NONE
+    held[: n // 8, 0] = NONE
+    kept_two = np.empty_like(held)
+
     def run(bars: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         got, exact = poisoned((n,), np.int64), poisoned((n,), np.int64)
+        two = cuda.to_device(held)
         _noisy_offer_kernel[n // 64, 64](
-            d_xs, cuda.to_device(bars.astype(np.float32)), d_tokens, np.uint64(key), got, exact
-        )
+            d_xs, cuda.to_device(bars.astype(np.float32)), d_tokens, np.uint64(key), got, exact,
+            two,
+        )  # fmt: skip
+        kept_two[:] = synced(two)
         return synced(got), synced(exact)
 
     unbarred, exact = run(np.full(n, -np.inf, np.float32))
@@ -559,6 +587,9 @@ def test_noisy_offer_skips_only_what_cannot_reach_the_bar():
     assert np.array_equal(got[~skipped], exact[~skipped]), f"KERNEL_TEST_SEED={seed}"
     assert not skipped[:2].any() and skipped[2] and not skipped[3] and skipped[4:7].all()
     assert skipped.mean() > 0.4  # it does skip: most random bars are out of reach
+    offered = np.where(skipped, NONE, exact)
+    three = np.sort(np.column_stack([held, offered]), axis=1)[:, ::-1]
+    assert np.array_equal(kept_two, three[:, :2]), f"KERNEL_TEST_SEED={seed}"
 
 
 def _key_values(keys: np.ndarray) -> np.ndarray:

@@ -54,8 +54,9 @@ MASS_UNIT = float32(MASS_SCALE)  # (the same, for fixed_mass's float32 product)
 SLOTS = MAX_THREADS // 32  # block_max's scratch (a slot per warp; 32 threads in the simulator)
 # rowf rows
 R_MAX, R_MIN_BOUND, R_KTH, R_P_T, R_Z, R_SCALE = range(6)
-# rowi rows (R_WINNER: the full-row Gumbel-max of pass 1, packed; see sampling_draw.py)
-R_MODE, R_PREFIX, R_REMAIN, R_COUNT, R_DIGIT, R_LINEAR_BIN, R_WINNER = range(7)
+# rowi rows (R_WINNER, R_SECOND: the full-row Gumbel-max of pass 1 and the runner-up, packed;
+# see sampling_draw.py and sampling_linear.py)
+R_MODE, R_PREFIX, R_REMAIN, R_COUNT, R_DIGIT, R_LINEAR_BIN, R_WINNER, R_SECOND = range(8)
 # mode bits (MODE_LINEAR: top-p's cut bin found on the linear scale, sampling_linear.py;
 # MODE_EARLY: R_WINNER holds the row's full-row Gumbel-max, sampling_draw.py; MODE_WON: the
 # top-p phase ended on it, with no exact cut, sampling_linear.py)
@@ -112,7 +113,7 @@ else:
     def noise_bits(key, token):
         """The top 23 bits of rng.token_hash: 32-bit arithmetic a token (the 64-bit mixing is
         the row's, once)."""
-        x = uint32(uint32(token) * TOKEN_MUL) ^ uint32(key & uint64(0xFFFFFFFF))
+        x = uint32(uint32(uint32(token) * TOKEN_MUL) ^ uint32(key & uint64(0xFFFFFFFF)))
         x = uint32(x ^ (x >> uint32(16)))  # (Numba widens uint32 arithmetic to 64 bits:
         x = uint32(x * LOW1)  # every step is cut back to 32, so the SASS stays 32-bit)
         x = uint32(x ^ (x >> uint32(15)))
@@ -186,20 +187,23 @@ def bar_offset(bar):
 
 
 @device_function
-def noisy_offer(cand, x, v, key, offset):
-    """max(cand, pack(x + gumbel(key, v), v)) for a finite x; cand where x + noise provably stays
+def noisy_offer(cand, second, x, v, key, offset, two):
+    """(max(cand, pack(x + gumbel(key, v), v)), second) for a finite x, or with `two` (a
+    constant) the two best of (cand, second, that); unchanged where x + noise provably stays
     under the bar that offset was made from (noise_offset: a noisy score this warp has already
-    reached, so x cannot be the row's Gumbel-max), or x is not finite.
+    reached, twice over with `two`, so x cannot be among the row's best), or x is not finite.
 
     Most scores of a row cannot win, and the two logarithms are most of a draw's cost. Let
     need = bar - x - slack: g > need <=> E = -log(u) < c = exp(-need) <=> 1 - u < 1 - exp(-c),
     which is at most c. A lower bound d of 1 - u comes from the 23 bits by a bit cast, and
-    c' = 2**(x * L2E + offset) = 1.001 c (one FFMA and one ex2.approx, whose error the 1.001 covers
-    a thousand times over): d >= c' means g <= need, so x + g stays under the bar and the max,
-    and the token drawn, are the exact computation's. c' >= 1 > d wherever need <= 0, c' = 0
-    for x = -inf, and no comparison holds for NaN. Where c' < SKIP_CAP, need exceeds NOISE_CAP,
-    above any noise: no hash at all (the far tail of a peaked row). A flat row's common path is
-    then one FFMA, one ex2, the hash and a compare a score."""
+    c' = 2**(x * L2E + offset) = 1.001 c (one FFMA and one ex2.approx, whose error the 1.001
+    covers a thousand times over): d >= c' means g <= need, so x + g stays under the bar and
+    the max, and the token drawn, are the exact computation's. c' >= 1 > d wherever need <= 0,
+    c' = 0 for x = -inf, and no comparison holds for NaN. Where c' < SKIP_CAP, need exceeds
+    NOISE_CAP, above any noise: no hash at all (the far tail of a peaked row). A flat row's
+    common path is then one FFMA, one ex2, the hash and a compare a score (sass_count: ~27
+    instructions a score with the load, against ~65 with the bound's exp and slack per score
+    and the packed max on every path)."""
     c = ex2_approx(x * L2E + offset)
     if c >= SKIP_CAP:
         bits = noise_bits(key, v)
@@ -207,8 +211,11 @@ def noisy_offer(cand, x, v, key, offset):
         # 1.m - 1 exactly, the float with m as its mantissa (a bit cast, no conversion).
         d = bits_f32(uint32(0x3F800000) | (uint32(0x7FFFFF) - uint32(bits))) - float32(1.0)
         if d < c and finite(x):
-            cand = max(cand, pack(x + gumbel_of(bits), v))
-    return cand
+            p = pack(x + gumbel_of(bits), v)
+            if two:  # (cand >= second: the two best of the three)
+                second = max(second, min(cand, p))
+            cand = max(cand, p)
+    return cand, second
 
 
 @device_function

@@ -94,7 +94,7 @@ def gumbel_kernel(
             v = vs[u]
             if base + u * nt < end and kept(x, min_bound, kth):
                 if p_t == 0 or float32(math.exp(x - top)) / z >= p_t:
-                    cand = noisy_offer(cand, x, v, key, offset)
+                    cand, _ = noisy_offer(cand, NONE, x, v, key, offset, False)
         offset = noise_offset(cand)
     cand = block_max(buf, cand)
     if tid == 0 and cand >= 0:

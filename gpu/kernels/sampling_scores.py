@@ -72,6 +72,7 @@ from gpu.kernels.sampling_common import (
     R_PREFIX,
     R_REMAIN,
     R_SCALE,
+    R_SECOND,
     R_WINNER,
     R_Z,
     SLOTS,
@@ -118,12 +119,13 @@ def patch_chunk(logits, row, start, end, state, mask, state_row, ban, repetition
 
 
 @device_function
-def take_group(xs, base, stop, inv_t, key, lo, cand, top, wcand, offset, greedy, draws, truncate,
-               fold, tail):  # fmt: skip
+def take_group(xs, base, stop, inv_t, key, lo, cand, top, wcand, wsecond, offset, greedy, draws,
+               truncate, fold, tail):  # fmt: skip
     """Pass 1 on one group of loaded scores, xs[u] at base + u * THREADS: the greedy argmax
     (cand), the max of the finite scaled scores (top, for truncating rows), the Gumbel-max
-    (wcand, for drawing rows) and top-k's first digit (`fold`), as the constant flags ask.
-    Only the row's last group (`tail`) has loads past `stop`, set to -inf here."""
+    (wcand, for drawing rows; with the runner-up, wsecond, where they truncate) and top-k's
+    first digit (`fold`), as the constant flags ask. Only the row's last group (`tail`) has
+    loads past `stop`, set to -inf here."""
     for u in range(UNROLL):
         v = uint32(base + uint32(u * THREADS))
         x = xs[u]
@@ -135,20 +137,20 @@ def take_group(xs, base, stop, inv_t, key, lo, cand, top, wcand, offset, greedy,
         else:
             x = x * inv_t
             if draws:
-                wcand = noisy_offer(wcand, x, v, key, offset)
+                wcand, wsecond = noisy_offer(wcand, wsecond, x, v, key, offset, truncate)
                 if truncate and x < -NEG_INF:  # (-inf leaves the max as it is; not NaN)
                     top = max(top, x)
             elif finite(x):
                 top = max(top, x)
                 if fold:  # a finite scaled score: its key's top 11 bits
                     cuda.atomic.add(lo, ordered_key(x) >> 21, uint32(1))
-    return cand, top, wcand
+    return cand, top, wcand, wsecond
 
 
 @device_function
 def scan_scores(scores, start, end, inv_t, key, lo, greedy, draws, truncate, fold):
     """One block's share of pass 1 over scores[start:end] (take_group on each group), as the
-    constant flags ask: (cand, top, wcand). The groups that lie wholly in the share load at
+    constant flags ask: (cand, top, wcand, wsecond). The groups that lie wholly in the share load at
     constant offsets from one address (a uint64 index: 64-bit arithmetic folds u * THREADS into
     the load; the clamp and the uint32 wrap of the last group forbid it), the last partial one
     clamped."""
@@ -156,6 +158,7 @@ def scan_scores(scores, start, end, inv_t, key, lo, greedy, draws, truncate, fol
     cand = int64(NONE)  # greedy rows' argmax
     top = NEG_INF  # truncating rows' max: a float max, one instruction a score
     wcand = int64(NONE)
+    wsecond = int64(NONE)
     xs = cuda.local.array(UNROLL, float32)
     group = UNROLL * THREADS
     whole = uint32(start + (end - start) // group * group)
@@ -166,29 +169,29 @@ def scan_scores(scores, start, end, inv_t, key, lo, greedy, draws, truncate, fol
         base = uint64(base0 + uint32(tid))
         for u in range(UNROLL):  # every load of the group in flight at once
             xs[u] = scores[base + uint64(u * THREADS)]
-        cand, top, wcand = take_group(
-            xs, base, stop, inv_t, key, lo, cand, top, wcand, offset, greedy, draws, truncate,
-            fold, False,
+        cand, top, wcand, wsecond = take_group(
+            xs, base, stop, inv_t, key, lo, cand, top, wcand, wsecond, offset, greedy, draws,
+            truncate, fold, False,
         )  # fmt: skip
-        if draws:
-            offset = noise_offset(wcand)
+        if draws:  # (the bar a score must pass: the best so far, or the runner-up)
+            offset = noise_offset(wsecond if truncate else wcand)
         base0 = uint32(base0 + uint32(group))
     if whole < stop:  # the share's last group, partial: clamped loads
         base = uint32(whole + uint32(tid))
         last = uint32(stop - uint32(1))  # (uint32 - uint32 widens to 64 bits in Numba)
         for u in range(UNROLL):
             xs[u] = scores[min(uint32(base + uint32(u * THREADS)), last)]
-        cand, top, wcand = take_group(
-            xs, base, stop, inv_t, key, lo, cand, top, wcand, offset, greedy, draws, truncate,
-            fold, True,
+        cand, top, wcand, wsecond = take_group(
+            xs, base, stop, inv_t, key, lo, cand, top, wcand, wsecond, offset, greedy, draws,
+            truncate, fold, True,
         )  # fmt: skip
-    return cand, top, wcand
+    return cand, top, wcand, wsecond
 
 
 @cuda.jit(cache=True)
 def scores_kernel(
-    logits, chunk_len, fparams, iparams, uparams, state, mask, ticket, best, winner, rowf, rowi,
-    hist, out, ring, ring_slot,
+    logits, chunk_len, fparams, iparams, uparams, state, mask, ticket, best, winner, second, rowf,
+    rowi, hist, out, ring, ring_slot,
 ):  # fmt: skip
     grid_dependency_sync()
     buf = cuda.shared.array(SLOTS, int64)
@@ -227,24 +230,31 @@ def scores_kernel(
     # draws: the row's full-row Gumbel-max is taken here, into wcand. Temperature-only rows
     # finish with it; top-p rows without top-k keep it for the early exits (sampling_draw.py:
     # it is their token whenever the thresholds keep it, at least top_p of the time, as the
-    # nucleus holds top_p of the mass). Not min-p alone: a flat row keeps a sliver of its mass
-    # (~10% at min_p 0.1 on random weights), and its noise here would cost more than it saves.
+    # nucleus holds top_p of the mass), and the runner-up (wsecond: the token where the
+    # nucleus cuts the winner but keeps it, which leaves about one row in a hundred to the
+    # exact cut instead of one in ten; sampling_linear.py). Not min-p alone: a flat row keeps
+    # a sliver of its mass (~10% at min_p 0.1 on random weights), and its noise here would
+    # cost more than it saves.
     draws = not greedy and (not truncate or (top_k == 0 and top_p < 1))
     scores = logits[row]  # one row's view: 32-bit offsets from its start, not [row, v]
     # One loop for each kind of row, the flags constants at each call (scan_scores is inlined):
     # a loop that carried all three paths kept their registers and branches in every group.
     if greedy:
-        cand, top, wcand = scan_scores(scores, start, end, inv_t, key, lo, True, False, False,
-                                       False)  # fmt: skip
-    elif draws and truncate:  # top-p's full-row winner, and the max
-        cand, top, wcand = scan_scores(scores, start, end, inv_t, key, lo, False, True, True,
-                                       False)  # fmt: skip
+        cand, top, wcand, wsecond = scan_scores(
+            scores, start, end, inv_t, key, lo, True, False, False, False
+        )  # fmt: skip
+    elif draws and truncate:  # top-p: the winner, the runner-up and the max
+        cand, top, wcand, wsecond = scan_scores(
+            scores, start, end, inv_t, key, lo, False, True, True, False
+        )  # fmt: skip
     elif draws:  # temperature alone: the token
-        cand, top, wcand = scan_scores(scores, start, end, inv_t, key, lo, False, True, False,
-                                       False)  # fmt: skip
+        cand, top, wcand, wsecond = scan_scores(
+            scores, start, end, inv_t, key, lo, False, True, False, False
+        )  # fmt: skip
     else:
-        cand, top, wcand = scan_scores(scores, start, end, inv_t, key, lo, False, False, True,
-                                       fold)  # fmt: skip
+        cand, top, wcand, wsecond = scan_scores(
+            scores, start, end, inv_t, key, lo, False, False, True, fold
+        )  # fmt: skip
     if truncate and top > NEG_INF:
         cand = pack(top, 0)
     if greedy or truncate:  # (block-uniform; temperature-only rows have only wcand)
@@ -252,9 +262,17 @@ def scores_kernel(
         if tid == 0 and cand >= 0:
             cuda.atomic.max(best, row, cand)
     if draws:
-        wcand = block_max(buf, wcand)
+        mine = wcand
+        wcand = block_max(buf, mine)
+        if truncate:  # the block's runner-up: each thread's best, but the block's winner's own
+            wsecond = block_max(buf, wsecond if mine == wcand else mine)
         if tid == 0 and wcand >= 0:
-            cuda.atomic.max(winner, row, wcand)
+            beaten = cuda.atomic.max(winner, row, wcand)
+            if truncate:
+                # The row's runner-up is a block's runner-up or the winner of a block that lost
+                # one of these maxes: each max's loser, min(beaten, wcand), is offered, and the
+                # largest loser is the second-largest block winner, whatever the order.
+                cuda.atomic.max(second, row, max(min(beaten, wcand), wsecond))
     if fold:
         cuda.syncthreads()
         flush_bins(lo, hi, hist, row, BINS)
@@ -263,6 +281,7 @@ def scores_kernel(
     if tid == 0:
         packed = cuda.atomic.exch(best, row, int64(NONE))
         won = cuda.atomic.exch(winner, row, int64(NONE))
+        runner_up = cuda.atomic.exch(second, row, int64(NONE))
         if not truncate:
             rowi[R_MODE, row] = 0
             finish_row(row, packed if greedy else won, state_row, state, mask, out, ring, ring_slot)
@@ -282,6 +301,7 @@ def scores_kernel(
             if draws:
                 mode |= MODE_EARLY
             rowi[R_WINNER, row] = won
+            rowi[R_SECOND, row] = runner_up
             rowi[R_MODE, row] = mode
             rowi[R_PREFIX, row] = 0
             rowi[R_REMAIN, row] = 0
