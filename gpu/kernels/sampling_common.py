@@ -338,6 +338,11 @@ def load(logits, cand_val, cand_idx, row, j, compact, xs, vs, u):
 if SIMULATOR:
 
     @device_function
+    def warp_any(flag):
+        """The simulator's twin of warp_any below: the thread's own flag (no votes)."""
+        return flag
+
+    @device_function
     def claim_slot(rowi, row, want, capacity, full):
         """The simulator's twin of the warp-aggregated claim below: one atomic per score."""
         if not want:
@@ -348,6 +353,12 @@ if SIMULATOR:
         return slot
 
 else:
+
+    @device_function
+    def warp_any(flag):
+        """Whether any active lane of the warp has `flag` (one vote): a loop asks it once a
+        group before a rare per-score step that every lane must take together."""
+        return cuda.any_sync(cuda.activemask(), flag)
 
     @device_function
     def claim_slot(rowi, row, want, capacity, full):

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 
-from numba import cuda, float32, float64, int32, int64, uint32
+from numba import cuda, float32, float64, int32, int64, uint32, uint64
 
 from gpu.kernels.bf16 import key_to_f32, ordered_key
 from gpu.kernels.launch import SIMULATOR, device_function
@@ -72,6 +72,7 @@ from gpu.kernels.sampling_common import (
     last_block,
     load,
     row_bounds,
+    warp_any,
 )
 from gpu.kernels.sampling_histogram import (
     add_mass,
@@ -138,6 +139,74 @@ def compact_mass_select(row, mode, fparams, rowf, rowi, cand_val, lo, hi, hs, sc
         rowi[R_DIGIT, row] = 0
 
 
+@device_function
+def digit_group(xs, base, stop, row, top, min_bound, kth, scale, shift, bins, high_mask, prefix,
+                lo, hi, rowi, cand_val, cand_idx, full, use_mass, compacting, tail):  # fmt: skip
+    """One group of a row's scores, xs[u] at base + u * THREADS (only the last group, `tail`,
+    has loads past `stop`): each kept score whose higher digits match the prefix counted (or
+    its mass added) into its bin of this block's histogram; with `compacting`, every kept score
+    of the prefix's top digit or above copied out. The warp votes once a group whether any
+    lane copies: most groups of a row copy nothing, and claim_slot is a ballot a score."""
+    want = cuda.local.array(UNROLL, int32)
+    wanted = False
+    for u in range(UNROLL):
+        v = uint32(base + uint32(u * THREADS))
+        x = xs[u] * scale
+        keep = kept(x, min_bound, kth)
+        if tail:
+            keep = keep and v < stop
+        key = uint32(ordered_key(x))
+        want[u] = 0
+        if compacting:
+            want[u] = int32(keep and (key >> uint32(21)) >= uint32(prefix >> 21))
+            wanted = wanted or want[u] != 0
+        if keep and (key & uint32(high_mask)) == uint32(prefix):
+            b = (key >> uint32(shift)) & uint32(bins - 1)
+            if use_mass:
+                add_mass(lo, hi, b, fixed_mass(x, top))
+            else:
+                cuda.atomic.add(lo, b, uint32(1))
+    if compacting and full[0] == 0 and warp_any(wanted):
+        capacity = cand_val.shape[1]
+        for u in range(UNROLL):
+            slot = claim_slot(rowi, row, want[u] != 0, capacity, full)
+            if want[u] != 0 and slot < capacity:
+                cand_val[row, slot] = xs[u]  # as stored: read * scale again
+                cand_idx[row, slot] = uint32(base + uint32(u * THREADS))
+
+
+@device_function
+def scan_row_digit(
+    scores, start, end, row, top, min_bound, kth, scale, shift, bins, high_mask, prefix, lo, hi,
+    rowi, cand_val, cand_idx, full, use_mass, compacting,
+):  # fmt: skip
+    """One block's share of a radix digit over the row itself, scores[start:end]: whole groups
+    loaded at constant offsets from one address, the last one clamped (as the scores pass's
+    loop, sampling_scores.scan_scores)."""
+    xs = cuda.local.array(UNROLL, float32)
+    group = UNROLL * THREADS
+    whole = uint32(start + (end - start) // group * group)
+    stop = uint32(end)
+    base0 = uint32(start) + uint32(cuda.threadIdx.x)
+    while base0 < whole:  # block-uniform: warp_any needs every lane
+        base = uint64(base0)
+        for u in range(UNROLL):
+            xs[u] = scores[base + uint64(u * THREADS)]
+        digit_group(
+            xs, base0, stop, row, top, min_bound, kth, scale, shift, bins, high_mask, prefix, lo,
+            hi, rowi, cand_val, cand_idx, full, use_mass, compacting, False,
+        )  # fmt: skip
+        base0 = uint32(base0 + uint32(group))
+    if whole < stop:  # the last, partial group: clamped loads
+        last = uint32(stop - uint32(1))  # (uint32 - uint32 widens to 64 bits in Numba)
+        for u in range(UNROLL):
+            xs[u] = scores[min(uint32(base0 + uint32(u * THREADS)), last)]
+        digit_group(
+            xs, base0, stop, row, top, min_bound, kth, scale, shift, bins, high_mask, prefix, lo,
+            hi, rowi, cand_val, cand_idx, full, use_mass, compacting, True,
+        )  # fmt: skip
+
+
 def _radix_kernel(use_mass: bool):
     """One digit of the top-k (counts) or top-p (masses) radix select; see the docstring."""
     phase = MODE_TOP_P if use_mass else MODE_TOP_K
@@ -176,6 +245,12 @@ def _radix_kernel(use_mass: bool):
         capacity = cand_val.shape[1]
         xs = cuda.local.array(UNROLL, float32)
         vs = cuda.local.array(UNROLL, int32)
+        if not compact:  # the row itself (a copy is short: the loop below reads it)
+            scan_row_digit(
+                logits[row], start, end, row, top, min_bound, kth, scale, shift, bins, high_mask,
+                prefix, lo, hi, rowi, cand_val, cand_idx, full, use_mass, compacting,
+            )  # fmt: skip
+            start = end  # (the loop below has nothing left)
         for base in range(start + tid, end, nt * UNROLL):
             for u in range(UNROLL):
                 load(
