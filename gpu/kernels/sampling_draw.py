@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import math
 
-from numba import cuda, float32, int32, int64
+from numba import cuda, float32, int32, int64, uint32, uint64
 
 from gpu.kernels.block_reduce import block_max
+from gpu.kernels.launch import device_function
 from gpu.kernels.pdl import grid_dependency_sync
 from gpu.kernels.sampling_common import (
     I_STATE_ROW,
@@ -35,6 +36,7 @@ from gpu.kernels.sampling_common import (
     R_WINNER,
     R_Z,
     SLOTS,
+    THREADS,
     U_SEED,
     U_STEP,
     UNROLL,
@@ -49,6 +51,50 @@ from gpu.kernels.sampling_common import (
     row_bounds,
     row_key,
 )
+
+
+@device_function
+def draw_group(xs, base, stop, key, top, min_bound, kth, scale, p_t, z, cand, offset, tail):
+    """The Gumbel-max over one group of a row's scores, xs[u] at base + u * THREADS, of those
+    the thresholds keep (only the last group, `tail`, has loads past `stop`)."""
+    for u in range(UNROLL):
+        v = uint32(base + uint32(u * THREADS))
+        x = xs[u] * scale
+        if tail:
+            x = x if v < stop else NEG_INF
+        if kept(x, min_bound, kth):
+            if p_t == 0 or float32(math.exp(x - top)) / z >= p_t:
+                cand, _ = noisy_offer(cand, NONE, x, v, key, offset, False)
+    return cand
+
+
+@device_function
+def scan_row_draw(scores, start, end, key, top, min_bound, kth, scale, p_t, z):
+    """This thread's Gumbel-max over the kept scores of scores[start:end], the row itself: whole
+    groups loaded at constant offsets from one address, the last one clamped (as the scores
+    pass's loop, sampling_scores.scan_scores)."""
+    cand = int64(NONE)
+    offset = -NEG_INF  # noisy_offer's: every score offered in full until the warp has a bar
+    xs = cuda.local.array(UNROLL, float32)
+    group = UNROLL * THREADS
+    whole = uint32(start + (end - start) // group * group)
+    stop = uint32(end)
+    base0 = uint32(start) + uint32(cuda.threadIdx.x)
+    while base0 < whole:  # block-uniform, for noise_offset
+        base = uint64(base0)
+        for u in range(UNROLL):
+            xs[u] = scores[base + uint64(u * THREADS)]
+        cand = draw_group(xs, base0, stop, key, top, min_bound, kth, scale, p_t, z, cand, offset,
+                          False)  # fmt: skip
+        offset = noise_offset(cand)
+        base0 = uint32(base0 + uint32(group))
+    if whole < stop:  # the last, partial group: clamped loads
+        last = uint32(stop - uint32(1))  # (uint32 - uint32 widens to 64 bits in Numba)
+        for u in range(UNROLL):
+            xs[u] = scores[min(uint32(base0 + uint32(u * THREADS)), last)]
+        cand = draw_group(xs, base0, stop, key, top, min_bound, kth, scale, p_t, z, cand, offset,
+                          True)  # fmt: skip
+    return cand
 
 
 @cuda.jit(cache=True)
@@ -81,6 +127,9 @@ def gumbel_kernel(
     key = row_key(uparams[U_SEED, row], uparams[U_STEP, row])
     start, end = block_share(rowi, row, compact, chunk_len, logits.shape[1])
     cand = int64(NONE)
+    if not compact:  # the row itself (a copy is short: the loop below reads it)
+        cand = scan_row_draw(logits[row], start, end, key, top, min_bound, kth, scale, p_t, z)
+        start = end  # (the loop below has nothing left)
     xs = cuda.local.array(UNROLL, float32)
     vs = cuda.local.array(UNROLL, int32)
     nt = cuda.blockDim.x
