@@ -113,6 +113,7 @@ from gpu.kernels.sampling_common import (
     R_REMAIN,
     R_SCALE,
     R_SECOND,
+    R_THIRD,
     R_WINNER,
     R_Z,
     SLOTS,
@@ -172,6 +173,7 @@ __all__ = [
     "R_REMAIN",
     "R_SCALE",
     "R_SECOND",
+    "R_THIRD",
     "R_WINNER",
     "R_Z",
     "SIGNATURES",
@@ -201,7 +203,7 @@ _CANDIDATES = "float32[:, ::1], int32[:, ::1]"
 SIGNATURES = {
     "scores_kernel": [
         "void(float32[:, ::1], int64, float32[:, ::1], int32[:, ::1], uint64[:, ::1],"
-        f" {_STATE}, int32[::1], int64[::1], int64[::1], int64[::1], float32[:, ::1],"
+        f" {_STATE}, int32[::1], int64[::1], int64[::1], int64[:, ::1], float32[:, ::1],"
         " int64[:, ::1], int64[:, ::1], int32[::1], int32[:, ::1], int32[::1])"
     ],
     "radix_count_kernel": [
@@ -238,10 +240,10 @@ class SamplerScratch:
     ticket: object  # int32 [max_rows]: blocks of the row done with the current pass
     best: object  # int64 [max_rows]: the packed max of the current pass (NONE when idle)
     winner: object  # int64 [max_rows]: pass 1's full-row Gumbel-max (NONE when idle)
-    second: object  # int64 [max_rows]: ... and its runner-up (NONE when idle)
+    runners: object  # int64 [2, max_rows]: ... and the next two (NONE when idle)
     rowf: object  # float32 [6, max_rows]: R_MAX, R_MIN_BOUND, R_KTH, R_P_T, R_Z, R_SCALE
-    rowi: object  # int64 [8, max_rows]: R_MODE, R_PREFIX, R_REMAIN, R_COUNT, R_DIGIT,
-    # R_LINEAR_BIN, R_WINNER, R_SECOND
+    rowi: object  # int64 [9, max_rows]: R_MODE, R_PREFIX, R_REMAIN, R_COUNT, R_DIGIT,
+    # R_LINEAR_BIN, R_WINNER, R_SECOND, R_THIRD
     hist: object  # int64 [max_rows, BINS]: the row's radix histogram (zero when idle)
     cand_val: object  # float32 [max_rows, candidates]: a compact row's scores (as stored)
     cand_idx: object  # int32 [max_rows, candidates]: ... and their token ids
@@ -265,9 +267,9 @@ def sampler_scratch(
         ticket=cuda.to_device(np.zeros(rows, np.int32), stream=stream),
         best=cuda.to_device(np.full(rows, NONE, np.int64), stream=stream),
         winner=cuda.to_device(np.full(rows, NONE, np.int64), stream=stream),
-        second=cuda.to_device(np.full(rows, NONE, np.int64), stream=stream),
+        runners=cuda.to_device(np.full((2, rows), NONE, np.int64), stream=stream),
         rowf=cuda.to_device(np.zeros((6, rows), np.float32), stream=stream),
-        rowi=cuda.to_device(np.zeros((8, rows), np.int64), stream=stream),
+        rowi=cuda.to_device(np.zeros((9, rows), np.int64), stream=stream),
         hist=cuda.to_device(np.zeros((rows, BINS), np.int64), stream=stream),
         cand_val=cuda.device_array((rows, candidates), np.float32, stream=stream),
         cand_idx=cuda.device_array((rows, candidates), np.int32, stream=stream),
@@ -307,7 +309,7 @@ def sample(
     s = scratch
     scores_kernel[grid, THREADS, stream](
         logits, chunk_len, fparams, iparams, uparams, state, state_mask, s.ticket, s.best,
-        s.winner, s.second, s.rowf, s.rowi, s.hist, out, ring, ring_slot,
+        s.winner, s.runners, s.rowf, s.rowi, s.hist, out, ring, ring_slot,
     )  # fmt: skip
     for digit in (1, 2):
         radix_count_kernel[grid, THREADS, stream](

@@ -54,9 +54,9 @@ MASS_UNIT = float32(MASS_SCALE)  # (the same, for fixed_mass's float32 product)
 SLOTS = MAX_THREADS // 32  # block_max's scratch (a slot per warp; 32 threads in the simulator)
 # rowf rows
 R_MAX, R_MIN_BOUND, R_KTH, R_P_T, R_Z, R_SCALE = range(6)
-# rowi rows (R_WINNER, R_SECOND: the full-row Gumbel-max of pass 1 and the runner-up, packed;
+# rowi rows (R_WINNER, R_SECOND, R_THIRD: pass 1's three best noisy scores over the row, packed;
 # see sampling_draw.py and sampling_linear.py)
-R_MODE, R_PREFIX, R_REMAIN, R_COUNT, R_DIGIT, R_LINEAR_BIN, R_WINNER, R_SECOND = range(8)
+R_MODE, R_PREFIX, R_REMAIN, R_COUNT, R_DIGIT, R_LINEAR_BIN, R_WINNER, R_SECOND, R_THIRD = range(9)
 # mode bits (MODE_LINEAR: top-p's cut bin found on the linear scale, sampling_linear.py;
 # MODE_EARLY: R_WINNER holds the row's full-row Gumbel-max, sampling_draw.py; MODE_WON: the
 # top-p phase ended on it, with no exact cut, sampling_linear.py)
@@ -187,11 +187,12 @@ def bar_offset(bar):
 
 
 @device_function
-def noisy_offer(cand, second, x, v, key, offset, two):
-    """(max(cand, pack(x + gumbel(key, v), v)), second) for a finite x, or with `two` (a
-    constant) the two best of (cand, second, that); unchanged where x + noise provably stays
-    under the bar that offset was made from (noise_offset: a noisy score this warp has already
-    reached, twice over with `two`, so x cannot be among the row's best), or x is not finite.
+def noisy_offer(c1, c2, c3, x, v, key, offset, n):
+    """Offer pack(x + gumbel(key, v), v) for a finite x to the best `n` so far (n, a constant:
+    1, c1 the max; or 3, c1 >= c2 >= c3 the three best), returned as (c1, c2, c3); unchanged
+    where x + noise provably stays under the bar that offset was made from (noise_offset: a
+    noisy score this warp has already reached n times, so x cannot be among the row's best n),
+    or x is not finite.
 
     Most scores of a row cannot win, and the two logarithms are most of a draw's cost. Let
     need = bar - x - slack: g > need <=> E = -log(u) < c = exp(-need) <=> 1 - u < 1 - exp(-c),
@@ -203,7 +204,8 @@ def noisy_offer(cand, second, x, v, key, offset, two):
     NOISE_CAP, above any noise: no hash at all (the far tail of a peaked row). A flat row's
     common path is then one FFMA, one ex2, the hash and a compare a score (sass_count: ~27
     instructions a score with the load, against ~65 with the bound's exp and slack per score
-    and the packed max on every path)."""
+    and the packed max on every path); the offer itself, branch-free maxes, only where a score
+    passes."""
     c = ex2_approx(x * L2E + offset)
     if c >= SKIP_CAP:
         bits = noise_bits(key, v)
@@ -212,10 +214,14 @@ def noisy_offer(cand, second, x, v, key, offset, two):
         d = bits_f32(uint32(0x3F800000) | (uint32(0x7FFFFF) - uint32(bits))) - float32(1.0)
         if d < c and finite(x):
             p = pack(x + gumbel_of(bits), v)
-            if two:  # (cand >= second: the two best of the three)
-                second = max(second, min(cand, p))
-            cand = max(cand, p)
-    return cand, second
+            if n == 3:  # p bubbles down the three (no branch: no register copies)
+                lose = min(c1, p)
+                c1 = max(c1, p)
+                c3 = max(c3, min(c2, lose))
+                c2 = max(c2, lose)
+            else:
+                c1 = max(c1, p)
+    return c1, c2, c3
 
 
 @device_function

@@ -64,7 +64,7 @@ def draw_group(xs, base, stop, key, top, min_bound, kth, scale, p_t, z, cand, of
             x = x if v < stop else NEG_INF
         if kept(x, min_bound, kth):
             if p_t == 0 or float32(math.exp(x - top)) / z >= p_t:
-                cand, _ = noisy_offer(cand, NONE, x, v, key, offset, False)
+                cand, _, _ = noisy_offer(cand, NONE, NONE, x, v, key, offset, 1)
     return cand
 
 
@@ -143,7 +143,7 @@ def gumbel_kernel(
             v = vs[u]
             if base + u * nt < end and kept(x, min_bound, kth):
                 if p_t == 0 or float32(math.exp(x - top)) / z >= p_t:
-                    cand, _ = noisy_offer(cand, NONE, x, v, key, offset, False)
+                    cand, _, _ = noisy_offer(cand, NONE, NONE, x, v, key, offset, 1)
         offset = noise_offset(cand)
     cand = block_max(buf, cand)
     if tid == 0 and cand >= 0:

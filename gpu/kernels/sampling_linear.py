@@ -77,6 +77,7 @@ from gpu.kernels.sampling_common import (
     R_MODE,
     R_REMAIN,
     R_SECOND,
+    R_THIRD,
     R_WINNER,
     R_Z,
     SLOTS,
@@ -119,8 +120,8 @@ def linear_bin(top, x):
 
 
 @device_function
-def mass_group(xs, base, stop, top, min_bound, kth, scale, xw, xw2, lo, hi, z, a, a2, binned,
-               tail):  # fmt: skip
+def mass_group(xs, base, stop, top, min_bound, kth, scale, x1, x2, x3, lo, hi, z, a1, a2, a3,
+               binned, tail):  # fmt: skip
     """scan_masses on one group of loaded scores, xs[u] at base + u * THREADS (only the last
     group, `tail`, has loads past `stop`)."""
     for u in range(UNROLL):
@@ -133,25 +134,28 @@ def mass_group(xs, base, stop, top, min_bound, kth, scale, xw, xw2, lo, hi, z, a
                 add_mass(lo, hi, linear_bin(top, x), m)
             else:
                 z += m
-                if x > xw:
-                    a += m
-                if x > xw2:
+                if x > x1:
+                    a1 += m
+                if x > x2:
                     a2 += m
-    return z, a, a2
+                if x > x3:
+                    a3 += m
+    return z, a1, a2, a3
 
 
 @device_function
-def scan_masses(scores, start, end, top, min_bound, kth, scale, xw, xw2, lo, hi, binned):
+def scan_masses(scores, start, end, top, min_bound, kth, scale, x1, x2, x3, lo, hi, binned):
     """The fixed-point mass of every kept score of scores[start:end]. With `binned`, into its
     linear bin of this block's histogram (lo, hi: sampling_histogram.add_mass; cleared and
-    synced by the caller). Else this thread's share of (Z, A, A2): the masses of the kept
-    scores, of those strictly above xw and of those strictly above xw2, running sums with no
-    shared-memory atomic a score. Returns (Z, A, A2), zeros when binned (`binned` is a
-    constant at each call: the inlined loop keeps one of the two). Whole groups load at
+    synced by the caller). Else this thread's share of (Z, A1, A2, A3): the masses of the kept
+    scores and of those strictly above x1, x2 and x3, running sums with no shared-memory atomic
+    a score. Returns them, zeros when binned (`binned` is a constant at each call: the inlined
+    loop keeps one of the two). Whole groups load at
     constant offsets from one address, as the scores pass's do (sampling_scores.scan_scores)."""
     z = int64(0)
-    a = int64(0)
+    a1 = int64(0)
     a2 = int64(0)
+    a3 = int64(0)
     xs = cuda.local.array(UNROLL, float32)
     group = UNROLL * THREADS
     whole = uint32(start + (end - start) // group * group)
@@ -161,18 +165,31 @@ def scan_masses(scores, start, end, top, min_bound, kth, scale, xw, xw2, lo, hi,
         base = uint64(base0)
         for u in range(UNROLL):
             xs[u] = scores[base + uint64(u * THREADS)]
-        z, a, a2 = mass_group(
-            xs, base, stop, top, min_bound, kth, scale, xw, xw2, lo, hi, z, a, a2, binned, False
+        z, a1, a2, a3 = mass_group(
+            xs, base, stop, top, min_bound, kth, scale, x1, x2, x3, lo, hi, z, a1, a2, a3, binned,
+            False,
         )  # fmt: skip
         base0 = uint32(base0 + uint32(group))
     if uint32(whole) < stop:  # the last, partial group: clamped loads
         last = uint32(stop - uint32(1))  # (uint32 - uint32 widens to 64 bits in Numba)
         for u in range(UNROLL):
             xs[u] = scores[min(uint32(base0 + uint32(u * THREADS)), last)]
-        z, a, a2 = mass_group(
-            xs, base0, stop, top, min_bound, kth, scale, xw, xw2, lo, hi, z, a, a2, binned, True
+        z, a1, a2, a3 = mass_group(
+            xs, base0, stop, top, min_bound, kth, scale, x1, x2, x3, lo, hi, z, a1, a2, a3, binned,
+            True,
         )  # fmt: skip
-    return z, a, a2
+    return z, a1, a2, a3
+
+
+@device_function
+def pass_one_best(scores, rowi, which, row, early, min_bound, kth, scale):
+    """(packed, scaled score, testable) of one of pass 1's three best noisy scores (rowi row
+    `which`): testable where the row drew them (MODE_EARLY) and the thresholds keep it; its
+    score is then +inf otherwise (no mass above it)."""
+    packed = rowi[which, row]
+    x = scores[packed_index(packed)] * scale  # (any score where there is none)
+    ok = early and packed >= 0 and kept(x, min_bound, kth)
+    return packed, x if ok else -NEG_INF, ok
 
 
 @device_function
@@ -219,51 +236,52 @@ def linear_mass_kernel(
     start, end = block_share(rowi, row, False, chunk_len, logits.shape[1])
     scores = logits[row]  # 32-bit offsets from the row's start (the module docstring)
     early = (mode & MODE_EARLY) != 0
-    won = rowi[R_WINNER, row]
-    runner_up = rowi[R_SECOND, row]
-    xw = scores[packed_index(won)] * scale  # pass 1's winner (any score where there is none)
-    xw2 = scores[packed_index(runner_up)] * scale  # ... and its runner-up
-    test = early and won >= 0 and kept(xw, min_bound, kth)
-    test2 = early and runner_up >= 0 and kept(xw2, min_bound, kth)
-    if test or test2:  # Z and the masses above them: the accept test (the module docstring)
-        if not test:
-            xw = -NEG_INF  # (no mass above it)
-        if not test2:
-            xw2 = -NEG_INF
-        z, a, a2 = scan_masses(
-            scores, start, end, top, min_bound, kth, scale, xw, xw2, lo, hi, False
+    w1, x1, ok1 = pass_one_best(scores, rowi, R_WINNER, row, early, min_bound, kth, scale)
+    w2, x2, ok2 = pass_one_best(scores, rowi, R_SECOND, row, early, min_bound, kth, scale)
+    w3, x3, ok3 = pass_one_best(scores, rowi, R_THIRD, row, early, min_bound, kth, scale)
+    test = ok1 or ok2 or ok3
+    if test:  # Z and the masses above them: the accept test (the module docstring)
+        z, a1, a2, a3 = scan_masses(
+            scores, start, end, top, min_bound, kth, scale, x1, x2, x3, lo, hi, False
         )  # fmt: skip
         z = block_sum(buf, z)
-        a = block_sum(buf, a)
+        a1 = block_sum(buf, a1)
         a2 = block_sum(buf, a2)
+        a3 = block_sum(buf, a3)
         if tid == 0:
             cuda.atomic.add(hist, (row, 0), z)
-            cuda.atomic.add(hist, (row, 1), a)
+            cuda.atomic.add(hist, (row, 1), a1)
             cuda.atomic.add(hist, (row, 2), a2)
+            cuda.atomic.add(hist, (row, 3), a3)
     else:  # no winner to test: the row's histogram at once
         clear_bins(lo, hi, BINS)
         cuda.syncthreads()
-        scan_masses(scores, start, end, top, min_bound, kth, scale, xw, xw2, lo, hi, True)
+        scan_masses(scores, start, end, top, min_bound, kth, scale, x1, x2, x3, lo, hi, True)
         cuda.syncthreads()
         flush_bins(lo, hi, hist, row, BINS)
     if not last_block(ticket, row, flag):
         return
-    if not (test or test2):
+    if not test:
         cut_bin(hist, row, mode, fparams, rowf, rowi, linear_rows, hs, scan, sel)
     elif tid == 0:
         z = cuda.atomic.exch(hist, (row, 0), int64(0))
-        a = cuda.atomic.exch(hist, (row, 1), int64(0))
+        a1 = cuda.atomic.exch(hist, (row, 1), int64(0))
         a2 = cuda.atomic.exch(hist, (row, 2), int64(0))
+        a3 = cuda.atomic.exch(hist, (row, 3), int64(0))
         needs = nucleus_needs(fparams, row, z)
-        if test and a < needs:
-            # The mass strictly above the winner falls short of the nucleus's: the exact cut
-            # keeps it, and it beats every score the nucleus holds, so it is the token. The
-            # row's top-p phase ends here; the draw takes it (sampling_draw.py).
-            rowi[R_MODE, row] = (mode & ~MODE_TOP_P) | MODE_WON
-        elif test2 and a2 < needs:
-            # The winner is cut (or min_p cuts it) and the runner-up is kept: only the winner
-            # drew more, so the runner-up is the token.
-            rowi[R_WINNER, row] = runner_up
+        # The first of the three, in noisy order, that the nucleus keeps (the mass strictly
+        # above it falls short of the nucleus's) is the token: the ones before it are cut,
+        # and it beats every other score the nucleus holds. The row's top-p phase ends here;
+        # the draw takes it (sampling_draw.py).
+        token = int64(NONE)
+        if ok1 and a1 < needs:
+            token = w1
+        elif ok2 and a2 < needs:
+            token = w2
+        elif ok3 and a3 < needs:
+            token = w3
+        if token >= 0:
+            rowi[R_WINNER, row] = token
             rowi[R_MODE, row] = (mode & ~MODE_TOP_P) | MODE_WON
         else:
             hist_rows[2 + cuda.atomic.add(hist_rows, 0, int32(1))] = row
@@ -287,7 +305,9 @@ def linear_hist_kernel(logits, fparams, ticket, hist, rowf, rowi, linear_rows, h
         clear_bins(lo, hi, BINS)
         cuda.syncthreads()
         scores = logits[row]
-        scan_masses(scores, start, end, top, min_bound, kth, scale, NEG_INF, NEG_INF, lo, hi, True)
+        scan_masses(
+            scores, start, end, top, min_bound, kth, scale, NEG_INF, NEG_INF, NEG_INF, lo, hi, True
+        )
         cuda.syncthreads()
         flush_bins(lo, hi, hist, row, BINS)
         if last_of(ticket, row, flag, per):
@@ -340,9 +360,9 @@ def linear_split_kernel(
                 keep = v < stop and kept(x, min_bound, kth)
                 b = linear_bin(top, x) if keep else int32(-1)
                 if b > cut:
-                    cand, _ = noisy_offer(cand, NONE, x, v, key, offset, False)
+                    cand, _, _ = noisy_offer(cand, NONE, NONE, x, v, key, offset, 1)
                 elif b >= cut - 1:  # b >= 0: kept
-                    edge, _ = noisy_offer(edge, NONE, x, v, key, offset, False)
+                    edge, _, _ = noisy_offer(edge, NONE, NONE, x, v, key, offset, 1)
                 if full[0] == 0:
                     want = b == cut or b == cut - 1
                     slot = claim_slot(rowi, row, want, capacity, full)

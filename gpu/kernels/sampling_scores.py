@@ -73,6 +73,7 @@ from gpu.kernels.sampling_common import (
     R_REMAIN,
     R_SCALE,
     R_SECOND,
+    R_THIRD,
     R_WINNER,
     R_Z,
     SLOTS,
@@ -119,13 +120,13 @@ def patch_chunk(logits, row, start, end, state, mask, state_row, ban, repetition
 
 
 @device_function
-def take_group(xs, base, stop, inv_t, key, lo, cand, top, wcand, wsecond, offset, greedy, draws,
+def take_group(xs, base, stop, inv_t, key, lo, cand, top, w1, w2, w3, offset, greedy, draws,
                truncate, fold, tail):  # fmt: skip
     """Pass 1 on one group of loaded scores, xs[u] at base + u * THREADS: the greedy argmax
     (cand), the max of the finite scaled scores (top, for truncating rows), the Gumbel-max
-    (wcand, for drawing rows; with the runner-up, wsecond, where they truncate) and top-k's
-    first digit (`fold`), as the constant flags ask. Only the row's last group (`tail`) has
-    loads past `stop`, set to -inf here."""
+    (w1, for drawing rows; with the next two, w2 and w3, where they truncate) and top-k's first
+    digit (`fold`), as the constant flags ask. Only the row's last group (`tail`) has loads
+    past `stop`, set to -inf here."""
     for u in range(UNROLL):
         v = uint32(base + uint32(u * THREADS))
         x = xs[u]
@@ -137,28 +138,29 @@ def take_group(xs, base, stop, inv_t, key, lo, cand, top, wcand, wsecond, offset
         else:
             x = x * inv_t
             if draws:
-                wcand, wsecond = noisy_offer(wcand, wsecond, x, v, key, offset, truncate)
+                w1, w2, w3 = noisy_offer(w1, w2, w3, x, v, key, offset, 3 if truncate else 1)
                 if truncate and x < -NEG_INF:  # (-inf leaves the max as it is; not NaN)
                     top = max(top, x)
             elif finite(x):
                 top = max(top, x)
                 if fold:  # a finite scaled score: its key's top 11 bits
                     cuda.atomic.add(lo, ordered_key(x) >> 21, uint32(1))
-    return cand, top, wcand, wsecond
+    return cand, top, w1, w2, w3
 
 
 @device_function
 def scan_scores(scores, start, end, inv_t, key, lo, greedy, draws, truncate, fold):
     """One block's share of pass 1 over scores[start:end] (take_group on each group), as the
-    constant flags ask: (cand, top, wcand, wsecond). The groups that lie wholly in the share load at
-    constant offsets from one address (a uint64 index: 64-bit arithmetic folds u * THREADS into
-    the load; the clamp and the uint32 wrap of the last group forbid it), the last partial one
-    clamped."""
+    constant flags ask: (cand, top, w1, w2, w3). The groups that lie wholly in the share load
+    at constant offsets from one address (a uint64 index: 64-bit arithmetic folds u * THREADS
+    into the load; the clamp and the uint32 wrap of the last group forbid it), the last partial
+    one clamped."""
     tid = cuda.threadIdx.x
     cand = int64(NONE)  # greedy rows' argmax
     top = NEG_INF  # truncating rows' max: a float max, one instruction a score
-    wcand = int64(NONE)
-    wsecond = int64(NONE)
+    w1 = int64(NONE)
+    w2 = int64(NONE)
+    w3 = int64(NONE)
     xs = cuda.local.array(UNROLL, float32)
     group = UNROLL * THREADS
     whole = uint32(start + (end - start) // group * group)
@@ -169,29 +171,43 @@ def scan_scores(scores, start, end, inv_t, key, lo, greedy, draws, truncate, fol
         base = uint64(base0 + uint32(tid))
         for u in range(UNROLL):  # every load of the group in flight at once
             xs[u] = scores[base + uint64(u * THREADS)]
-        cand, top, wcand, wsecond = take_group(
-            xs, base, stop, inv_t, key, lo, cand, top, wcand, wsecond, offset, greedy, draws,
+        cand, top, w1, w2, w3 = take_group(
+            xs, base, stop, inv_t, key, lo, cand, top, w1, w2, w3, offset, greedy, draws,
             truncate, fold, False,
         )  # fmt: skip
-        if draws:  # (the bar a score must pass: the best so far, or the runner-up)
-            offset = noise_offset(wsecond if truncate else wcand)
+        if draws:  # (the bar a score must pass: the best so far, or the third best)
+            offset = noise_offset(w3 if truncate else w1)
         base0 = uint32(base0 + uint32(group))
     if whole < stop:  # the share's last group, partial: clamped loads
         base = uint32(whole + uint32(tid))
         last = uint32(stop - uint32(1))  # (uint32 - uint32 widens to 64 bits in Numba)
         for u in range(UNROLL):
             xs[u] = scores[min(uint32(base + uint32(u * THREADS)), last)]
-        cand, top, wcand, wsecond = take_group(
-            xs, base, stop, inv_t, key, lo, cand, top, wcand, wsecond, offset, greedy, draws,
+        cand, top, w1, w2, w3 = take_group(
+            xs, base, stop, inv_t, key, lo, cand, top, w1, w2, w3, offset, greedy, draws,
             truncate, fold, True,
         )  # fmt: skip
-    return cand, top, wcand, wsecond
+    return cand, top, w1, w2, w3
+
+
+@device_function
+def offer_three(winner, runners, row, b1, b2, b3):
+    """A block's three best (b1 > b2 > b3) into the row's three slots (winner, runners[0],
+    runners[1]) by atomic max: each max passes its loser down to the next slot, so every value
+    but the row's best reaches the second, every value but the best two the third, whatever the
+    order the blocks come in. b2 and b3 enter lower down (b1 beats them: they would be passed
+    down anyway), with the loser they meet there: three atomics a block."""
+    lose = min(cuda.atomic.max(winner, row, b1), b1)
+    down = min(lose, b2)  # (two above it already: at most third)
+    up = max(lose, b2)
+    lose = min(cuda.atomic.max(runners, (0, row), up), up)
+    cuda.atomic.max(runners, (1, row), max(max(lose, down), b3))
 
 
 @cuda.jit(cache=True)
 def scores_kernel(
-    logits, chunk_len, fparams, iparams, uparams, state, mask, ticket, best, winner, second, rowf,
-    rowi, hist, out, ring, ring_slot,
+    logits, chunk_len, fparams, iparams, uparams, state, mask, ticket, best, winner, runners,
+    rowf, rowi, hist, out, ring, ring_slot,
 ):  # fmt: skip
     grid_dependency_sync()
     buf = cuda.shared.array(SLOTS, int64)
@@ -227,11 +243,11 @@ def scores_kernel(
         )  # fmt: skip
     cuda.syncthreads()
 
-    # draws: the row's full-row Gumbel-max is taken here, into wcand. Temperature-only rows
+    # draws: the row's full-row Gumbel-max is taken here, into w1. Temperature-only rows
     # finish with it; top-p rows without top-k keep it for the early exits (sampling_draw.py:
     # it is their token whenever the thresholds keep it, at least top_p of the time, as the
-    # nucleus holds top_p of the mass), and the runner-up (wsecond: the token where the
-    # nucleus cuts the winner but keeps it, which leaves about one row in a hundred to the
+    # nucleus holds top_p of the mass), and the next two noisy scores (w2, w3: the first of the
+    # three the nucleus keeps is the token, which leaves about one row in a thousand to the
     # exact cut instead of one in ten; sampling_linear.py). Not min-p alone: a flat row keeps
     # a sliver of its mass (~10% at min_p 0.1 on random weights), and its noise here would
     # cost more than it saves.
@@ -240,39 +256,37 @@ def scores_kernel(
     # One loop for each kind of row, the flags constants at each call (scan_scores is inlined):
     # a loop that carried all three paths kept their registers and branches in every group.
     if greedy:
-        cand, top, wcand, wsecond = scan_scores(
+        cand, top, w1, w2, w3 = scan_scores(
             scores, start, end, inv_t, key, lo, True, False, False, False
         )  # fmt: skip
-    elif draws and truncate:  # top-p: the winner, the runner-up and the max
-        cand, top, wcand, wsecond = scan_scores(
+    elif draws and truncate:  # top-p: the three best and the max
+        cand, top, w1, w2, w3 = scan_scores(
             scores, start, end, inv_t, key, lo, False, True, True, False
         )  # fmt: skip
     elif draws:  # temperature alone: the token
-        cand, top, wcand, wsecond = scan_scores(
+        cand, top, w1, w2, w3 = scan_scores(
             scores, start, end, inv_t, key, lo, False, True, False, False
         )  # fmt: skip
     else:
-        cand, top, wcand, wsecond = scan_scores(
+        cand, top, w1, w2, w3 = scan_scores(
             scores, start, end, inv_t, key, lo, False, False, True, fold
         )  # fmt: skip
     if truncate and top > NEG_INF:
         cand = pack(top, 0)
-    if greedy or truncate:  # (block-uniform; temperature-only rows have only wcand)
+    if greedy or truncate:  # (block-uniform; temperature-only rows have only w1)
         cand = block_max(buf, cand)
         if tid == 0 and cand >= 0:
             cuda.atomic.max(best, row, cand)
     if draws:
-        mine = wcand
-        wcand = block_max(buf, mine)
-        if truncate:  # the block's runner-up: each thread's best, but the block's winner's own
-            wsecond = block_max(buf, wsecond if mine == wcand else mine)
-        if tid == 0 and wcand >= 0:
-            beaten = cuda.atomic.max(winner, row, wcand)
-            if truncate:
-                # The row's runner-up is a block's runner-up or the winner of a block that lost
-                # one of these maxes: each max's loser, min(beaten, wcand), is offered, and the
-                # largest loser is the second-largest block winner, whatever the order.
-                cuda.atomic.max(second, row, max(min(beaten, wcand), wsecond))
+        b1 = block_max(buf, w1)
+        if not truncate:
+            if tid == 0 and b1 >= 0:
+                cuda.atomic.max(winner, row, b1)
+        else:  # the block's three best: each thread offers its best the block has not taken
+            b2 = block_max(buf, w2 if w1 == b1 else w1)
+            b3 = block_max(buf, w1 if w1 != b1 and w1 != b2 else (w2 if w2 != b2 else w3))
+            if tid == 0 and b1 >= 0:
+                offer_three(winner, runners, row, b1, b2, b3)
     if fold:
         cuda.syncthreads()
         flush_bins(lo, hi, hist, row, BINS)
@@ -281,7 +295,8 @@ def scores_kernel(
     if tid == 0:
         packed = cuda.atomic.exch(best, row, int64(NONE))
         won = cuda.atomic.exch(winner, row, int64(NONE))
-        runner_up = cuda.atomic.exch(second, row, int64(NONE))
+        w2 = cuda.atomic.exch(runners, (0, row), int64(NONE))
+        w3 = cuda.atomic.exch(runners, (1, row), int64(NONE))
         if not truncate:
             rowi[R_MODE, row] = 0
             finish_row(row, packed if greedy else won, state_row, state, mask, out, ring, ring_slot)
@@ -301,7 +316,8 @@ def scores_kernel(
             if draws:
                 mode |= MODE_EARLY
             rowi[R_WINNER, row] = won
-            rowi[R_SECOND, row] = runner_up
+            rowi[R_SECOND, row] = w2
+            rowi[R_THIRD, row] = w3
             rowi[R_MODE, row] = mode
             rowi[R_PREFIX, row] = 0
             rowi[R_REMAIN, row] = 0
