@@ -20,19 +20,19 @@ CUDA graph; THREADS threads a block, which the histogram loops assume):
 1. scores_kernel (sampling_scores.py): bans and penalties from the state (spec step 1, in
    place on the ids the state's bit mask names), greedy argmax or x / T. Greedy and
    temperature-only rows finish here; truncating rows store their max and min_p bound, and
-   top-k rows count their first radix digit. Top-p rows without top-k also take their
-   Gumbel-max over every finite score (R_WINNER): the token, wherever the thresholds keep it
-   (the early exits of passes 3 and 5).
+   top-k rows count their first radix digit. Top-p rows without top-k also take their three
+   best noisy scores over every finite score (R_WINNER, R_SECOND, R_THIRD): the first of them
+   the thresholds keep is the token (the early exits of passes 3 and 5).
 2. radix_count_kernel x 2 (sampling_radix.py, digits 1 and 2 of 11, 11, 10 bits): top-k, the
    k-th largest kept score by radix select over the scores' order-preserving integer keys.
    The second digit copies the row's candidates (every score that can still be kept) into a
    buffer, and later passes read the copy where it fits.
 3. linear_mass_kernel, linear_hist_kernel, linear_split_kernel (sampling_linear.py): Z and
-   the mass above the pass-1 winner, two running sums: where the nucleus keeps the winner the
-   row is done with top-p (about top_p of the rows: the winner is a draw from the whole row).
-   The others: top-p's cut bin on a linear scale of the scores, the Gumbel-max above it, which
-   is the token unless a score of the cut's bins beats it, and the bins copied out for that
-   case.
+   the mass above each of pass 1's three, running sums: where the nucleus keeps one of them
+   the row is done with top-p (all but about one row in a thousand at top_p 0.9: each is a
+   draw from the whole row). The others: top-p's cut bin on a linear scale of the scores, the
+   Gumbel-max above it, which is the token unless a score of the cut's bins beats it, and the
+   bins copied out for that case.
 4. radix_mass_kernel x 3 (sampling_radix.py): top-p's exact cut by radix select with masses
    exp(s - max) in fixed point, over the copy (or, where the copy overflowed, the row). A
    compact row's three digits run in the first launch, in one block (compact_mass_select:

@@ -1,21 +1,25 @@
-"""Top-p after the scores pass: first a test of pass 1's winner, then the cut on a linear
-scale of the scores for the rows it turns down.
+"""Top-p after the scores pass: first a test of pass 1's best noisy scores, then the cut on a
+linear scale of the scores for the rows it turns down.
 
 A Gumbel-max over a set is the Gumbel-max over any subset that still holds it, so pass 1's
 full-row winner w (R_WINNER, sampling_scores.py) is the token wherever the nucleus keeps it:
-at least top_p of the time, as the nucleus holds top_p of the mass. The exact cut keeps every
-score whose mass strictly above it falls short of top_p * Z (ties at the edge kept), so
+at least top_p of the time, as the nucleus holds top_p of the mass. Where the nucleus cuts it,
+the next best noisy score is the token if the nucleus keeps that one, and so on: pass 1 keeps
+the three best (R_WINNER, R_SECOND, R_THIRD), and the first of them that the nucleus keeps is
+the token; all three are cut about one row in a thousand at top_p 0.9 (one in ten with the
+winner alone, and each such row costs the passes below). The exact cut keeps every score whose
+mass strictly above it falls short of top_p * Z (ties at the edge kept), so
 
     w is kept  <=>  A = sum of the masses of the kept scores strictly above w < ceil(top_p * Z)
 
 with the masses in the fixed point of the radix passes (sampling_common.fixed_mass: exact,
 order-free integer sums, the same integers the exact cut would sum).
 
-1. linear_mass_kernel: Z and A, two running int64 sums a thread. The row's last block ends the
-   row's top-p phase if A falls short (MODE_WON: no histogram, no split, no exact cut; the draw
-   takes w) and otherwise lists the row for the next pass (hist_rows). On the H100's engine
-   loop nine rows in ten end here at top-p 0.9. A row with no winner to test (top-k with top-p,
-   or a winner the min_p bound cuts) bins its scores at once, as the next pass does.
+1. linear_mass_kernel: Z and each candidate's A, running int64 sums a thread. The row's last
+   block ends the row's top-p phase on the first candidate whose A falls short (MODE_WON: no
+   histogram, no split, no exact cut; the draw takes it, R_WINNER) and otherwise lists the row
+   for the next pass (hist_rows). A row with no candidate to test (top-k with top-p, or
+   candidates the min_p bound cuts) bins its scores at once, as the next pass does.
 2. linear_hist_kernel, over the listed rows only, the whole grid spread over them: the row's
    histogram on a linear scale of its distance from the max, which the scores pass knows:
 
@@ -46,7 +50,9 @@ these passes: the radix digits read their copy.
 The passes are bound by the instructions a score costs, not by HBM (ncu: SM throughput ~62%,
 DRAM 20-38%), so their loops are kept lean: the accept test's sums replace a histogram's two
 shared-memory atomics a score (the returning one on the loop's critical path); offsets and bins
-are 32-bit from the row's start; the split draws noise only where a score can still win
+are 32-bit from the row's start, and whole groups load at constant offsets from one address
+(the accept loop 148 -> 122 SASS instructions a group of four scores, before its third
+candidate); the split draws noise only where a score can still win
 (sampling_common.noisy_offer). The histogram pass and the split read only the rows listed, the
 whole grid spread over them: on their own one or two blocks a row at batch 256, the split took
 as long as over every row (160 us; 36 spread).
@@ -134,12 +140,12 @@ def mass_group(xs, base, stop, top, min_bound, kth, scale, x1, x2, x3, lo, hi, z
                 add_mass(lo, hi, linear_bin(top, x), m)
             else:
                 z += m
-                if x > x1:
+                if x > x1:  # (x1 <= x2 <= x3: most scores lie under all three)
                     a1 += m
-                if x > x2:
-                    a2 += m
-                if x > x3:
-                    a3 += m
+                    if x > x2:
+                        a2 += m
+                        if x > x3:
+                            a3 += m
     return z, a1, a2, a3
 
 
@@ -148,10 +154,10 @@ def scan_masses(scores, start, end, top, min_bound, kth, scale, x1, x2, x3, lo, 
     """The fixed-point mass of every kept score of scores[start:end]. With `binned`, into its
     linear bin of this block's histogram (lo, hi: sampling_histogram.add_mass; cleared and
     synced by the caller). Else this thread's share of (Z, A1, A2, A3): the masses of the kept
-    scores and of those strictly above x1, x2 and x3, running sums with no shared-memory atomic
-    a score. Returns them, zeros when binned (`binned` is a constant at each call: the inlined
-    loop keeps one of the two). Whole groups load at
-    constant offsets from one address, as the scores pass's do (sampling_scores.scan_scores)."""
+    scores and of those strictly above x1 <= x2 <= x3, running sums with no shared-memory
+    atomic a score. Returns them, zeros when binned (`binned` is a constant at each call: the
+    inlined loop keeps one of the two). Whole groups load at constant offsets from one address,
+    as the scores pass's do (sampling_scores.scan_scores)."""
     z = int64(0)
     a1 = int64(0)
     a2 = int64(0)
@@ -240,19 +246,22 @@ def linear_mass_kernel(
     w2, x2, ok2 = pass_one_best(scores, rowi, R_SECOND, row, early, min_bound, kth, scale)
     w3, x3, ok3 = pass_one_best(scores, rowi, R_THIRD, row, early, min_bound, kth, scale)
     test = ok1 or ok2 or ok3
+    t1 = min(x1, min(x2, x3))  # the three scores in order (untestable ones +inf: no mass)
+    t3 = max(x1, max(x2, x3))
+    t2 = max(min(x1, x2), min(max(x1, x2), x3))  # (the median)
     if test:  # Z and the masses above them: the accept test (the module docstring)
-        z, a1, a2, a3 = scan_masses(
-            scores, start, end, top, min_bound, kth, scale, x1, x2, x3, lo, hi, False
+        z, s1, s2, s3 = scan_masses(
+            scores, start, end, top, min_bound, kth, scale, t1, t2, t3, lo, hi, False
         )  # fmt: skip
         z = block_sum(buf, z)
-        a1 = block_sum(buf, a1)
-        a2 = block_sum(buf, a2)
-        a3 = block_sum(buf, a3)
+        s1 = block_sum(buf, s1)
+        s2 = block_sum(buf, s2)
+        s3 = block_sum(buf, s3)
         if tid == 0:
             cuda.atomic.add(hist, (row, 0), z)
-            cuda.atomic.add(hist, (row, 1), a1)
-            cuda.atomic.add(hist, (row, 2), a2)
-            cuda.atomic.add(hist, (row, 3), a3)
+            cuda.atomic.add(hist, (row, 1), s1)
+            cuda.atomic.add(hist, (row, 2), s2)
+            cuda.atomic.add(hist, (row, 3), s3)
     else:  # no winner to test: the row's histogram at once
         clear_bins(lo, hi, BINS)
         cuda.syncthreads()
@@ -265,10 +274,14 @@ def linear_mass_kernel(
         cut_bin(hist, row, mode, fparams, rowf, rowi, linear_rows, hs, scan, sel)
     elif tid == 0:
         z = cuda.atomic.exch(hist, (row, 0), int64(0))
-        a1 = cuda.atomic.exch(hist, (row, 1), int64(0))
-        a2 = cuda.atomic.exch(hist, (row, 2), int64(0))
-        a3 = cuda.atomic.exch(hist, (row, 3), int64(0))
+        s1 = cuda.atomic.exch(hist, (row, 1), int64(0))
+        s2 = cuda.atomic.exch(hist, (row, 2), int64(0))
+        s3 = cuda.atomic.exch(hist, (row, 3), int64(0))
         needs = nucleus_needs(fparams, row, z)
+        # each candidate's mass above it, by its rank among the three (equal scores: equal sums)
+        a1 = s1 if x1 <= t1 else (s2 if x1 <= t2 else s3)
+        a2 = s1 if x2 <= t1 else (s2 if x2 <= t2 else s3)
+        a3 = s1 if x3 <= t1 else (s2 if x3 <= t2 else s3)
         # The first of the three, in noisy order, that the nucleus keeps (the mass strictly
         # above it falls short of the nucleus's) is the token: the ones before it are cut,
         # and it beats every other score the nucleus holds. The row's top-p phase ends here;
@@ -290,7 +303,7 @@ def linear_mass_kernel(
 @cuda.jit(cache=True)
 def linear_hist_kernel(logits, fparams, ticket, hist, rowf, rowi, linear_rows, hist_rows):
     grid_dependency_sync()
-    listed = hist_rows[0]  # rows whose winner the nucleus does not hold (about one in ten)
+    listed = hist_rows[0]  # rows whose three candidates the nucleus cuts (one in a thousand)
     if listed == 0:
         return
     hs = cuda.shared.array(BINS, int64)

@@ -4,11 +4,16 @@ scores_kernel applies the row's token state (spec step 1: bans, repetition, pres
 frequency penalties), then takes the greedy argmax or scales by the temperature: x * (1 / T),
 1 / T rounded once a row, as the twin does (a multiply a score, not an IEEE division's ~10
 instructions and slow-path check). Temperature-only rows draw their Gumbel-max here, the noise
-only where a score can still win (sampling_common.noisy_pack), and so do top-p rows without
-top-k: their full-row winner (R_WINNER) is the token wherever the thresholds keep it
-(sampling_draw.py). It costs the noise of a temperature row in this pass (106.6 -> 154.3 us at
-batch 256 on an H100) and saves the split, the select and the draw's read of the row for most
-rows.
+only where a score can still win (sampling_common.noisy_offer), and so do top-p rows without
+top-k, keeping their three best noisy scores: the first of them the thresholds keep is the token
+(sampling_linear.py, sampling_draw.py). It costs the noise of a temperature row in this pass
+(106.6 -> 154.3 us at batch 256 on an H100, with the noise bound of ~65 instructions a score
+that noisy_offer has cut to ~27) and saves the split, the select and the draw's read of the row
+for all but about one row in a thousand.
+
+Each kind of row has a loop of its own (scan_scores, inlined with constant flags: a loop that
+carried all the paths kept their registers and branches in every group), and the groups that
+lie wholly in a block's share load at constant offsets from one address.
 Greedy rows and temperature-only rows finish here: each block offers its best (value,
 index) packed into one int64 (ordered key << 31 | (2**31 - 1 - index), so the max is the
 largest value at the smallest index) by atomic max to the row's slot, and the row's last
