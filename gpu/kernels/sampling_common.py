@@ -260,6 +260,35 @@ def listed_share(listed_rows, listed, vocab):
     return int32(listed_rows[2 + here // per]), start, min(start + span, vocab), per
 
 
+GROUP = UNROLL * THREADS  # scores a block loads at once: UNROLL a thread, THREADS apart
+
+
+@device_function
+def whole_groups_end(start, end):
+    """The end of the whole GROUPs from start in [start, end) (uint32): a pass over a block's
+    share loads those with load_group, and the rest, if any, with load_tail."""
+    return uint32(start + (end - start) // GROUP * GROUP)
+
+
+@device_function
+def load_group(scores, base, xs):
+    """xs[u] = scores[base + u * THREADS], every load of the group in flight at once, at
+    constant offsets from one address: a uint64 index lets the 64-bit address arithmetic fold
+    u * THREADS into each load (LDG [R+0x400]); a uint32 one, wrapping, cannot."""
+    b = uint64(base)
+    for u in range(UNROLL):
+        xs[u] = scores[b + uint64(u * THREADS)]
+
+
+@device_function
+def load_tail(scores, base, stop, xs):
+    """load_group for the share's last, partial group: loads past stop clamped to its last
+    score (the caller sets them aside by their index)."""
+    last = uint32(stop - uint32(1))  # (uint32 - uint32 widens to 64 bits in Numba)
+    for u in range(UNROLL):
+        xs[u] = scores[min(uint32(base + uint32(u * THREADS)), last)]
+
+
 @device_function
 def row_bounds(rowf, row):
     """The row's (max, min_p bound, top-k threshold, scale), what every pass after the scores

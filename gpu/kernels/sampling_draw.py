@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import math
 
-from numba import cuda, float32, int32, int64, uint32, uint64
+from numba import cuda, float32, int32, int64, uint32
 
 from gpu.kernels.block_reduce import block_max
 from gpu.kernels.launch import device_function
 from gpu.kernels.pdl import grid_dependency_sync
 from gpu.kernels.sampling_common import (
+    GROUP,
     I_STATE_ROW,
     MODE_COMPACT,
     MODE_EARLY,
@@ -45,11 +46,14 @@ from gpu.kernels.sampling_common import (
     kept,
     last_block,
     load,
+    load_group,
+    load_tail,
     noise_offset,
     noisy_offer,
     packed_index,
     row_bounds,
     row_key,
+    whole_groups_end,
 )
 
 
@@ -76,23 +80,18 @@ def scan_row_draw(scores, start, end, key, top, min_bound, kth, scale, p_t, z):
     cand = int64(NONE)
     offset = -NEG_INF  # noisy_offer's: every score offered in full until the warp has a bar
     xs = cuda.local.array(UNROLL, float32)
-    group = UNROLL * THREADS
-    whole = uint32(start + (end - start) // group * group)
+    whole = whole_groups_end(start, end)
     stop = uint32(end)
-    base0 = uint32(start) + uint32(cuda.threadIdx.x)
-    while base0 < whole:  # block-uniform, for noise_offset
-        base = uint64(base0)
-        for u in range(UNROLL):
-            xs[u] = scores[base + uint64(u * THREADS)]
-        cand = draw_group(xs, base0, stop, key, top, min_bound, kth, scale, p_t, z, cand, offset,
+    base = uint32(start) + uint32(cuda.threadIdx.x)
+    while base < whole:  # block-uniform, for noise_offset
+        load_group(scores, base, xs)
+        cand = draw_group(xs, base, stop, key, top, min_bound, kth, scale, p_t, z, cand, offset,
                           False)  # fmt: skip
         offset = noise_offset(cand)
-        base0 = uint32(base0 + uint32(group))
-    if whole < stop:  # the last, partial group: clamped loads
-        last = uint32(stop - uint32(1))  # (uint32 - uint32 widens to 64 bits in Numba)
-        for u in range(UNROLL):
-            xs[u] = scores[min(uint32(base0 + uint32(u * THREADS)), last)]
-        cand = draw_group(xs, base0, stop, key, top, min_bound, kth, scale, p_t, z, cand, offset,
+        base = uint32(base + uint32(GROUP))
+    if whole < stop:  # the last, partial group
+        load_tail(scores, base, stop, xs)
+        cand = draw_group(xs, base, stop, key, top, min_bound, kth, scale, p_t, z, cand, offset,
                           True)  # fmt: skip
     return cand
 

@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import math
 
-from numba import cuda, float32, float64, int32, int64, uint32, uint64
+from numba import cuda, float32, float64, int32, int64, uint32
 
 from gpu.kernels.block_reduce import block_max, block_sum
 from gpu.kernels.launch import device_function
@@ -70,6 +70,7 @@ from gpu.kernels.pdl import grid_dependency_sync
 from gpu.kernels.sampling_common import (
     BINS,
     F_TOP_P,
+    GROUP,
     MASS_SCALE,
     MODE_COMPACT,
     MODE_EARLY,
@@ -98,11 +99,14 @@ from gpu.kernels.sampling_common import (
     last_block,
     last_of,
     listed_share,
+    load_group,
+    load_tail,
     noise_offset,
     noisy_offer,
     packed_index,
     row_bounds,
     row_key,
+    whole_groups_end,
 )
 from gpu.kernels.sampling_histogram import (
     add_mass,
@@ -163,25 +167,20 @@ def scan_masses(scores, start, end, top, min_bound, kth, scale, x1, x2, x3, lo, 
     a2 = int64(0)
     a3 = int64(0)
     xs = cuda.local.array(UNROLL, float32)
-    group = UNROLL * THREADS
-    whole = uint32(start + (end - start) // group * group)
+    whole = whole_groups_end(start, end)
     stop = uint32(end)
-    base0 = uint32(start) + uint32(cuda.threadIdx.x)
-    while base0 < whole:
-        base = uint64(base0)
-        for u in range(UNROLL):
-            xs[u] = scores[base + uint64(u * THREADS)]
+    base = uint32(start) + uint32(cuda.threadIdx.x)
+    while base < whole:
+        load_group(scores, base, xs)
         z, a1, a2, a3 = mass_group(
             xs, base, stop, top, min_bound, kth, scale, x1, x2, x3, lo, hi, z, a1, a2, a3, binned,
             False,
         )  # fmt: skip
-        base0 = uint32(base0 + uint32(group))
-    if uint32(whole) < stop:  # the last, partial group: clamped loads
-        last = uint32(stop - uint32(1))  # (uint32 - uint32 widens to 64 bits in Numba)
-        for u in range(UNROLL):
-            xs[u] = scores[min(uint32(base0 + uint32(u * THREADS)), last)]
+        base = uint32(base + uint32(GROUP))
+    if whole < stop:  # the last, partial group
+        load_tail(scores, base, stop, xs)
         z, a1, a2, a3 = mass_group(
-            xs, base0, stop, top, min_bound, kth, scale, x1, x2, x3, lo, hi, z, a1, a2, a3, binned,
+            xs, base, stop, top, min_bound, kth, scale, x1, x2, x3, lo, hi, z, a1, a2, a3, binned,
             True,
         )  # fmt: skip
     return z, a1, a2, a3

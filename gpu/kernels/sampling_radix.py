@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 
-from numba import cuda, float32, float64, int32, int64, uint32, uint64
+from numba import cuda, float32, float64, int32, int64, uint32
 
 from gpu.kernels.bf16 import key_to_f32, ordered_key
 from gpu.kernels.launch import SIMULATOR, device_function
@@ -50,6 +50,7 @@ from gpu.kernels.sampling_common import (
     BINS,
     BLOCKS_PER_SM,
     F_TOP_P,
+    GROUP,
     MASS_SCALE,
     MODE_COMPACT,
     MODE_LINEAR,
@@ -71,8 +72,11 @@ from gpu.kernels.sampling_common import (
     kept,
     last_block,
     load,
+    load_group,
+    load_tail,
     row_bounds,
     warp_any,
+    whole_groups_end,
 )
 from gpu.kernels.sampling_histogram import (
     add_mass,
@@ -184,25 +188,20 @@ def scan_row_digit(
     loaded at constant offsets from one address, the last one clamped (as the scores pass's
     loop, sampling_scores.scan_scores)."""
     xs = cuda.local.array(UNROLL, float32)
-    group = UNROLL * THREADS
-    whole = uint32(start + (end - start) // group * group)
+    whole = whole_groups_end(start, end)
     stop = uint32(end)
-    base0 = uint32(start) + uint32(cuda.threadIdx.x)
-    while base0 < whole:  # block-uniform: warp_any needs every lane
-        base = uint64(base0)
-        for u in range(UNROLL):
-            xs[u] = scores[base + uint64(u * THREADS)]
+    base = uint32(start) + uint32(cuda.threadIdx.x)
+    while base < whole:  # block-uniform: warp_any needs every lane
+        load_group(scores, base, xs)
         digit_group(
-            xs, base0, stop, row, top, min_bound, kth, scale, shift, bins, high_mask, prefix, lo,
+            xs, base, stop, row, top, min_bound, kth, scale, shift, bins, high_mask, prefix, lo,
             hi, rowi, cand_val, cand_idx, full, use_mass, compacting, False,
         )  # fmt: skip
-        base0 = uint32(base0 + uint32(group))
-    if whole < stop:  # the last, partial group: clamped loads
-        last = uint32(stop - uint32(1))  # (uint32 - uint32 widens to 64 bits in Numba)
-        for u in range(UNROLL):
-            xs[u] = scores[min(uint32(base0 + uint32(u * THREADS)), last)]
+        base = uint32(base + uint32(GROUP))
+    if whole < stop:  # the last, partial group
+        load_tail(scores, base, stop, xs)
         digit_group(
-            xs, base0, stop, row, top, min_bound, kth, scale, shift, bins, high_mask, prefix, lo,
+            xs, base, stop, row, top, min_bound, kth, scale, shift, bins, high_mask, prefix, lo,
             hi, rowi, cand_val, cand_idx, full, use_mass, compacting, True,
         )  # fmt: skip
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 
-from numba import cuda, float32, int32, int64, uint32, uint64
+from numba import cuda, float32, int32, int64, uint32
 
 from gpu.kernels.bf16 import key_to_f32, ordered_key
 from gpu.kernels.block_reduce import block_max
@@ -57,6 +57,7 @@ from gpu.kernels.sampling_common import (
     F_REPETITION,
     F_TEMPERATURE,
     F_TOP_P,
+    GROUP,
     I_BAN_ACTIVE,
     I_STATE_ROW,
     I_TOP_K,
@@ -89,10 +90,13 @@ from gpu.kernels.sampling_common import (
     finish_row,
     finite,
     last_block,
+    load_group,
+    load_tail,
     noise_offset,
     noisy_offer,
     pack,
     row_key,
+    whole_groups_end,
 )
 from gpu.kernels.sampling_histogram import clear_bins, find_bin, flush_bins, read_histogram
 
@@ -157,9 +161,8 @@ def take_group(xs, base, stop, inv_t, key, lo, cand, top, w1, w2, w3, offset, gr
 def scan_scores(scores, start, end, inv_t, key, lo, greedy, draws, truncate, fold):
     """One block's share of pass 1 over scores[start:end] (take_group on each group), as the
     constant flags ask: (cand, top, w1, w2, w3). The groups that lie wholly in the share load
-    at constant offsets from one address (a uint64 index: 64-bit arithmetic folds u * THREADS
-    into the load; the clamp and the uint32 wrap of the last group forbid it), the last partial
-    one clamped."""
+    at constant offsets from one address (sampling_common.load_group), the last partial one
+    clamped."""
     tid = cuda.threadIdx.x
     cand = int64(NONE)  # greedy rows' argmax
     top = NEG_INF  # truncating rows' max: a float max, one instruction a score
@@ -167,27 +170,21 @@ def scan_scores(scores, start, end, inv_t, key, lo, greedy, draws, truncate, fol
     w2 = int64(NONE)
     w3 = int64(NONE)
     xs = cuda.local.array(UNROLL, float32)
-    group = UNROLL * THREADS
-    whole = uint32(start + (end - start) // group * group)
+    whole = whole_groups_end(start, end)
     stop = uint32(end)
     offset = -NEG_INF  # noisy_offer's: every score offered in full until the warp has a bar
-    base0 = uint32(start)
-    while base0 < whole:  # block-uniform: noise_offset needs every lane
-        base = uint64(base0 + uint32(tid))
-        for u in range(UNROLL):  # every load of the group in flight at once
-            xs[u] = scores[base + uint64(u * THREADS)]
+    base = uint32(start) + uint32(tid)
+    while base < whole:  # block-uniform: noise_offset needs every lane
+        load_group(scores, base, xs)
         cand, top, w1, w2, w3 = take_group(
             xs, base, stop, inv_t, key, lo, cand, top, w1, w2, w3, offset, greedy, draws,
             truncate, fold, False,
         )  # fmt: skip
         if draws:  # (the bar a score must pass: the best so far, or the third best)
             offset = noise_offset(w3 if truncate else w1)
-        base0 = uint32(base0 + uint32(group))
-    if whole < stop:  # the share's last group, partial: clamped loads
-        base = uint32(whole + uint32(tid))
-        last = uint32(stop - uint32(1))  # (uint32 - uint32 widens to 64 bits in Numba)
-        for u in range(UNROLL):
-            xs[u] = scores[min(uint32(base + uint32(u * THREADS)), last)]
+        base = uint32(base + uint32(GROUP))
+    if whole < stop:  # the share's last group, partial
+        load_tail(scores, base, stop, xs)
         cand, top, w1, w2, w3 = take_group(
             xs, base, stop, inv_t, key, lo, cand, top, w1, w2, w3, offset, greedy, draws,
             truncate, fold, True,
