@@ -265,9 +265,10 @@ GROUP = UNROLL * THREADS  # scores a block loads at once: UNROLL a thread, THREA
 
 @device_function
 def whole_groups_end(start, end):
-    """The end of the whole GROUPs from start in [start, end) (uint32): a pass over a block's
-    share loads those with load_group, and the rest, if any, with load_tail."""
-    return uint32(start + (end - start) // GROUP * GROUP)
+    """The end of the whole GROUPs from start in [start, end) (uint32; start itself for an
+    empty share, which block_share gives a compact row's spare blocks with end < start): a pass
+    over a block's share loads those with load_group, and the rest, if any, with load_tail."""
+    return uint32(start + max(end - start, 0) // GROUP * GROUP)
 
 
 @device_function
@@ -357,17 +358,6 @@ def block_share(rowi, row, compact, chunk_len, vocab):
         return start, min(start + per, n)
     start = cuda.blockIdx.y * chunk_len
     return start, min(start + chunk_len, vocab)
-
-
-@device_function
-def load(logits, cand_val, cand_idx, row, j, compact, xs, vs, u):
-    """Element j of the block's share into xs[u] (score as stored) and vs[u] (its token id)."""
-    if compact:
-        xs[u] = cand_val[row, j]
-        vs[u] = cand_idx[row, j]
-    else:
-        xs[u] = logits[row, j]
-        vs[u] = j
 
 
 if SIMULATOR:

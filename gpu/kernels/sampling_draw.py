@@ -45,7 +45,6 @@ from gpu.kernels.sampling_common import (
     finish_row,
     kept,
     last_block,
-    load,
     load_group,
     load_tail,
     noise_offset,
@@ -96,6 +95,24 @@ def scan_row_draw(scores, start, end, key, top, min_bound, kth, scale, p_t, z):
     return cand
 
 
+@device_function
+def scan_copy_draw(cand_val, cand_idx, row, start, end, key, top, min_bound, kth, scale, p_t, z):
+    """scan_row_draw over a compact row's copy (entries start:end, their token ids beside)."""
+    cand = int64(NONE)
+    offset = -NEG_INF  # noisy_offer's: every score offered in full until the warp has a bar
+    for base0 in range(start, end, GROUP):  # block-uniform, for noise_offset
+        base = base0 + cuda.threadIdx.x
+        for u in range(UNROLL):
+            j = base + u * THREADS
+            x = cand_val[row, min(j, end - 1)] * scale
+            if j < end and kept(x, min_bound, kth):
+                if p_t == 0 or float32(math.exp(x - top)) / z >= p_t:
+                    v = cand_idx[row, j]
+                    cand, _, _ = noisy_offer(cand, NONE, NONE, x, v, key, offset, 1)
+        offset = noise_offset(cand)
+    return cand
+
+
 @cuda.jit(cache=True)
 def gumbel_kernel(
     logits, chunk_len, iparams, uparams, state, mask, ticket, best, rowf, rowi, cand_val,
@@ -125,25 +142,11 @@ def gumbel_kernel(
     tid = cuda.threadIdx.x
     key = row_key(uparams[U_SEED, row], uparams[U_STEP, row])
     start, end = block_share(rowi, row, compact, chunk_len, logits.shape[1])
-    cand = int64(NONE)
-    if not compact:  # the row itself (a copy is short: the loop below reads it)
+    if compact:
+        cand = scan_copy_draw(cand_val, cand_idx, row, start, end, key, top, min_bound, kth, scale,
+                              p_t, z)  # fmt: skip
+    else:
         cand = scan_row_draw(logits[row], start, end, key, top, min_bound, kth, scale, p_t, z)
-        start = end  # (the loop below has nothing left)
-    xs = cuda.local.array(UNROLL, float32)
-    vs = cuda.local.array(UNROLL, int32)
-    nt = cuda.blockDim.x
-    offset = -NEG_INF  # noisy_offer's: every score offered in full until the warp has a bar
-    for base0 in range(start, end, nt * UNROLL):  # block-uniform, for noise_offset
-        base = base0 + tid
-        for u in range(UNROLL):
-            load(logits, cand_val, cand_idx, row, min(base + u * nt, end - 1), compact, xs, vs, u)
-        for u in range(UNROLL):
-            x = xs[u] * scale
-            v = vs[u]
-            if base + u * nt < end and kept(x, min_bound, kth):
-                if p_t == 0 or float32(math.exp(x - top)) / z >= p_t:
-                    cand, _, _ = noisy_offer(cand, NONE, NONE, x, v, key, offset, 1)
-        offset = noise_offset(cand)
     cand = block_max(buf, cand)
     if tid == 0 and cand >= 0:
         cuda.atomic.max(best, row, cand)

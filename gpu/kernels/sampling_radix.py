@@ -71,7 +71,6 @@ from gpu.kernels.sampling_common import (
     fixed_mass,
     kept,
     last_block,
-    load,
     load_group,
     load_tail,
     row_bounds,
@@ -180,13 +179,14 @@ def digit_group(xs, base, stop, row, top, min_bound, kth, scale, shift, bins, hi
 
 
 @device_function
-def scan_row_digit(
+def scan_digit(
     scores, start, end, row, top, min_bound, kth, scale, shift, bins, high_mask, prefix, lo, hi,
     rowi, cand_val, cand_idx, full, use_mass, compacting,
 ):  # fmt: skip
-    """One block's share of a radix digit over the row itself, scores[start:end]: whole groups
-    loaded at constant offsets from one address, the last one clamped (as the scores pass's
-    loop, sampling_scores.scan_scores)."""
+    """One block's share of a radix digit over scores[start:end] (the row, or its copy once the
+    row is compact; `compacting` only over the row, whose indices are the token ids): whole
+    groups loaded at constant offsets from one address, the last one clamped (as the scores
+    pass's loop, sampling_scores.scan_scores)."""
     xs = cuda.local.array(UNROLL, float32)
     whole = whole_groups_end(start, end)
     stop = uint32(end)
@@ -228,7 +228,6 @@ def _radix_kernel(use_mass: bool):
         flag = cuda.shared.array(1, int32)
         full = cuda.shared.array(1, int32)  # the row's candidates overflowed: stop copying
         tid = cuda.threadIdx.x
-        nt = cuda.blockDim.x
         shift, bins, high_mask = digit_layout(digit)
         prefix = rowi[R_PREFIX, row] if digit > 0 else int64(0)
         top, min_bound, kth, scale = row_bounds(rowf, row)
@@ -241,36 +240,11 @@ def _radix_kernel(use_mass: bool):
             full[0] = 0
         cuda.syncthreads()
         start, end = block_share(rowi, row, compact, chunk_len, logits.shape[1])
-        capacity = cand_val.shape[1]
-        xs = cuda.local.array(UNROLL, float32)
-        vs = cuda.local.array(UNROLL, int32)
-        if not compact:  # the row itself (a copy is short: the loop below reads it)
-            scan_row_digit(
-                logits[row], start, end, row, top, min_bound, kth, scale, shift, bins, high_mask,
-                prefix, lo, hi, rowi, cand_val, cand_idx, full, use_mass, compacting,
-            )  # fmt: skip
-            start = end  # (the loop below has nothing left)
-        for base in range(start + tid, end, nt * UNROLL):
-            for u in range(UNROLL):
-                load(
-                    logits, cand_val, cand_idx, row, min(base + u * nt, end - 1), compact, xs, vs, u
-                )
-            for u in range(UNROLL):
-                x = xs[u] * scale
-                keep = base + u * nt < end and kept(x, min_bound, kth)
-                key = int64(ordered_key(x)) if keep else int64(0)
-                if compacting and full[0] == 0:
-                    want = keep and (key >> 21) >= (prefix >> 21)
-                    slot = claim_slot(rowi, row, want, capacity, full)
-                    if want and slot < capacity:
-                        cand_val[row, slot] = xs[u]  # as stored: read * scale again
-                        cand_idx[row, slot] = vs[u]
-                if keep and (key & high_mask) == prefix:
-                    b = (key >> shift) & (bins - 1)
-                    if use_mass:
-                        add_mass(lo, hi, b, fixed_mass(x, top))
-                    else:
-                        cuda.atomic.add(lo, b, uint32(1))
+        scores = cand_val[row] if compact else logits[row]  # the row's copy, or the row
+        scan_digit(
+            scores, start, end, row, top, min_bound, kth, scale, shift, bins, high_mask, prefix,
+            lo, hi, rowi, cand_val, cand_idx, full, use_mass, compacting,
+        )  # fmt: skip
         cuda.syncthreads()
         flush_bins(lo, hi, hist, row, bins)
         if not last_block(ticket, row, flag):
@@ -290,7 +264,7 @@ def _radix_kernel(use_mass: bool):
         if compacting:
             # Every score this phase can keep (and the next phases and the draw: they keep
             # fewer) is in the copied bins; from now on the row's passes read the copy.
-            if not done and cuda.atomic.add(rowi, (R_COUNT, row), 0) <= capacity:
+            if not done and cuda.atomic.add(rowi, (R_COUNT, row), 0) <= cand_val.shape[1]:
                 mode |= MODE_COMPACT
             else:
                 rowi[R_COUNT, row] = 0  # too many: the row stays on the logits
