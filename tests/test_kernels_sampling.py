@@ -38,6 +38,9 @@ from gpu.kernels.sampling import (
     R_MODE,
     R_P_T,
     R_SCALE,
+    R_SECOND,
+    R_THIRD,
+    R_WINNER,
     R_Z,
     U_SEED,
     U_STEP,
@@ -223,11 +226,14 @@ def _force_path(logits, md, state, rows, path: str) -> None:
     two linear bins) above its least kept score or the row's max: the row ends at the linear
     mass pass;
     "edge": the same, but the winner lies in the cut's own bin (above its 3 least kept);
-    "above": pass 1's winner is cut, and the twin's token lies two bins or more above the cut's
-    linear bin: the row ends at the split, no score at the cut able to win;
-    "cut": pass 1's winner is cut, and a score of the two bins the split copies draws at least
-    the token's noisy score: the exact cut and the draw run (sampling_linear.py,
-    sampling_draw.py)."""
+    "second", "third": pass 1's second (third) best noisy score is the first of its three best
+    the twin keeps, as "winner" asks: the row ends at the linear mass pass on it;
+    "above": pass 1's three best are cut, and the twin's token lies two bins or more above the
+    cut's linear bin: the row ends at the split, no score at the cut able to win;
+    "cut": pass 1's three best are cut, and a score of the two bins the split copies draws at
+    least the token's noisy score: the exact cut and the draw run (sampling_linear.py,
+    sampling_draw.py). (Rows asked to take these two have a small top_p: a flat row at 0.9
+    cuts all three in about one seed in a thousand.)"""
     rng = np.random.default_rng(int(md.seed[rows[0]]) if rows else 0)
     for i in rows:
         scaled = _scaled(logits, md, state, i)
@@ -237,22 +243,31 @@ def _force_path(logits, md, state, rows, path: str) -> None:
         edge, top = scaled[keep].min(), scaled[finite].max()
         bins = _linear_bins(top, scaled)
         cut_bin = bins[keep].min()
-        for _ in range(30000):  # ("cut": one seed in ~1,000 on the flattest rows)
+        for _ in range(30_000):  # ("cut": one seed in ~1,000 on the flattest rows)
             noisy = scaled + rng_mod.gumbel_noise(int(md.seed[i]), int(md.step[i]), len(scaled))
-            w = int(np.argmax(np.where(finite, noisy, -np.inf)))
-            if path == "winner":  # (the row's max is always kept: nothing lies above it)
-                ok = keep[w] and (scaled[w] >= edge + 0.05 or scaled[w] == top)
+            drawn = np.where(finite, noisy, -np.inf)
+            best = []  # pass 1's three best noisy scores, the smallest index first on a tie
+            for _ in range(3):
+                best.append(int(np.argmax(drawn)))
+                drawn[best[-1]] = -np.inf
+            first = next((k for k in range(3) if keep[best[k]]), 3)  # the first kept
+            w = best[0]
+            if path in ("winner", "second", "third"):  # (the row's max is always kept)
+                t = best[min(first, 2)]
+                ok = first == ("winner", "second", "third").index(path)
+                ok = ok and (scaled[t] >= edge + 0.05 or scaled[t] == top)
             elif path == "edge":  # (clear of the cut's float rounding by two kept scores)
                 ok = keep[w] and bins[w] == cut_bin and scaled[w] > np.sort(scaled[keep])[2]
-            else:
+            else:  # (pass 1's three best turned down: else the accept test ends the row)
                 token = int(np.argmax(np.where(keep, noisy, -np.inf)))
                 near = (bins == cut_bin) | (bins == cut_bin - 1)  # the split's copied bins
                 # (The split never ends on a token in the cut's bin: its copied bins hold it.)
+                ok = first == 3
                 if path == "above":
-                    ok = not keep[w] and bins[token] >= cut_bin + 2
+                    ok = ok and bins[token] >= cut_bin + 2
                     ok = ok and not (near & (noisy >= noisy[token])).any()
-                else:  # (pass 1's winner turned down: else the accept test takes it)
-                    ok = not keep[w] and (near & (noisy >= noisy[token])).any()
+                else:
+                    ok = ok and (near & (noisy >= noisy[token])).any()
             if ok:
                 break
             md.seed[i] = rng.integers(0, 2**63)
@@ -341,7 +356,7 @@ def test_top_p_and_min_p(candidates):
         {"temperature": 0.9, "top_k": 40, "top_p": 0.8, "min_p": 0.05},
         {"temperature": 1.0, "top_p": 1.0, "min_p": 0.01},
         {"temperature": 1.0, "top_p": 0.5},  # every logit -inf: token 0
-        {"temperature": 0.7, "top_p": 0.9},
+        {"temperature": 0.7, "top_p": 0.5},
         {"temperature": 1.0, "top_p": 0.5},  # the tie holds pass 1's winner: ends on it
     ]
     md = _metadata(rows, rng)
@@ -376,7 +391,7 @@ def test_top_p_large_copies():
     rows = [
         {"temperature": 1.0, "top_p": 0.5},
         {"temperature": 1.0, "top_k": vocab, "top_p": 0.5},
-        {"temperature": 0.7, "top_p": 0.9},
+        {"temperature": 0.7, "top_p": 0.6},
         {"temperature": 0.8, "top_p": 0.3, "repetition": 1.1, "state_row": 0},
     ]
     md = _metadata(rows, rng)
@@ -419,37 +434,48 @@ def test_penalties_with_truncation_and_state_counts(candidates):
 def test_early_exits_on_a_winner():
     """Top-p ends on a winner wherever it can (MODE_WON), the twin's token either way: pass 1's
     Gumbel-max over every finite score, where the nucleus keeps it, ends the row at the linear
-    mass pass (no histogram, no split, no exact cut, no select); else the split's Gumbel-max above
-    the cut bin, where no score of the two copied bins can beat it; else the exact cut and the
-    draw run. A min-p row alone takes no winner in pass 1. Each row is re-seeded to take the
-    path asked."""
+    mass pass (no histogram, no split, no exact cut, no select), and so does its runner-up
+    where the winner is cut and it is not; else the split's Gumbel-max above the cut bin, where
+    no score of the two copied bins can beat it; else the exact cut and the draw run. A min-p
+    row alone takes no winner in pass 1. Each row is re-seeded to take the path asked."""
     rng, seed = fresh_rng()
     vocab = 2 * MIN_CHUNK + 19
-    spread = np.array([0.5, 2.0, 0.5, 1.5, 1.0, 1.0, 1.3, 1.3, 1.0, 0.5], np.float32)[:, None]
-    logits = (rng.standard_normal((10, vocab)) * spread).astype(np.float32)
-    state = _random_state(rng, 3, vocab)
+    spread = np.array([0.5, 2.0, 0.5, 1.5, 1.0, 1.0, 1.3, 1.3, 1.0, 0.5, 0.5, 1.0, 0.7])
+    logits = (rng.standard_normal((13, vocab)) * spread[:, None]).astype(np.float32)
+    state = _random_state(rng, 4, vocab)
     rows = [
         {"temperature": 0.7, "top_p": 0.9},  # flat: a nucleus of most of the row
         {"temperature": 1.0, "top_p": 0.5},  # peaked
-        {"temperature": 0.7, "top_p": 0.9},
+        {"temperature": 0.7, "top_p": 0.6},
         {"temperature": 1.0, "top_p": 0.8},  # (never a nucleus of one: "above" needs two bins)
         {"temperature": 1.0, "top_p": 0.8, "min_p": 0.1},
-        {"temperature": 1.0, "top_p": 0.8, "min_p": 0.1},
+        {"temperature": 1.0, "top_p": 0.5, "min_p": 0.1},
         {"temperature": 0.7, "top_p": 0.9, "repetition": 1.1, "state_row": 0},  # the app's
-        {"temperature": 0.7, "top_p": 0.9, "min_p": 0.05, "repetition": 1.1, "state_row": 1},
+        {"temperature": 0.7, "top_p": 0.6, "min_p": 0.05, "repetition": 1.1, "state_row": 1},
         {"temperature": 1.0, "min_p": 0.1},
-        {"temperature": 0.7, "top_p": 0.9, "repetition": 1.1, "state_row": 2},
+        {"temperature": 0.7, "top_p": 0.6, "repetition": 1.1, "state_row": 2},
+        {"temperature": 0.7, "top_p": 0.9},
+        {"temperature": 1.0, "top_p": 0.8, "min_p": 0.1, "repetition": 1.1, "state_row": 3},
+        {"temperature": 0.7, "top_p": 0.7},
     ]
     md = _metadata(rows, rng)
     _force_path(logits, md, state, [0, 1, 4, 6], "winner")
+    _force_path(logits, md, state, [10, 11], "second")
+    _force_path(logits, md, state, [12], "third")
     _force_path(logits, md, state, [2, 3, 9], "above")
     _force_path(logits, md, state, [5, 7], "cut")
     scratch = sampler_scratch(len(rows), vocab)
     _check(logits, md, seed, state, scratch)
-    modes = synced(scratch.rowi)[R_MODE, : len(rows)]
-    assert ((modes & MODE_WON) != 0).tolist() == [1, 1, 1, 1, 1, 0, 1, 0, 0, 1]
-    assert ((modes & MODE_LINEAR) != 0).tolist() == [0] * 5 + [1, 0, 1, 0, 0]
-    assert ((modes & MODE_EARLY) != 0).tolist() == [1] * 8 + [0, 1]
+    rowi = synced(scratch.rowi)[:, : len(rows)]
+    modes = rowi[R_MODE]
+    assert ((modes & MODE_WON) != 0).tolist() == [1, 1, 1, 1, 1, 0, 1, 0, 0, 1, 1, 1, 1]
+    assert ((modes & MODE_LINEAR) != 0).tolist() == [0] * 5 + [1, 0, 1] + [0] * 5
+    assert ((modes & MODE_EARLY) != 0).tolist() == [1] * 8 + [0] + [1] * 4
+    # the rows ended on the noisy score asked for (R_WINNER set to it), the others on the winner
+    took = np.where(
+        rowi[R_WINNER] == rowi[R_SECOND], 2, np.where(rowi[R_WINNER] == rowi[R_THIRD], 3, 1)
+    )
+    assert took[[0, 1, 4, 6, 10, 11, 12]].tolist() == [1, 1, 1, 1, 2, 2, 3]
 
 
 def test_winner_in_the_cut_bin():
@@ -511,34 +537,54 @@ def test_gpu_code_path():
 
 
 @cuda.jit
-def _noisy_pack_kernel(xs, bars, tokens, key, got, exact):
+def _noisy_offer_kernel(xs, bars, tokens, key, got, exact, held):
     i = cuda.grid(1)
     if i < xs.shape[0]:
-        got[i] = sampling_common.noisy_pack(xs[i], tokens[i], key, bars[i])
+        offset = sampling_common.bar_offset(bars[i])
+        got[i], _, _ = sampling_common.noisy_offer(
+            NONE, NONE, NONE, xs[i], tokens[i], key, offset, 1
+        )
         exact[i] = sampling_common.pack(xs[i] + sampling_common.gumbel(key, tokens[i]), tokens[i])
+        # the three best of (held[i, 0] > held[i, 1] > held[i, 2], the offer), in place
+        held[i, 0], held[i, 1], held[i, 2] = sampling_common.noisy_offer(
+            held[i, 0], held[i, 1], held[i, 2], xs[i], tokens[i], key, offset, 3
+        )
 
 
-def test_noisy_pack_skips_only_what_cannot_reach_the_bar():
-    """The noise filter against the exact draw: where it returns NONE the exact noisy score is
+def test_noisy_offer_skips_only_what_cannot_reach_the_bar():
+    """The noise filter against the exact draw: where it offers nothing the exact noisy score is
     under the bar (so it could not be the row's max), elsewhere it is the exact packed score.
     Bars at random distances, and right at the edge: the exact score itself, a rounding above
-    and below it, and the slack's size either side; logits up to 1e4 (the slack scales)."""
+    and below it, and the slack's size either side; logits up to 1e4 (the slack scales); -inf,
+    +inf and NaN never offered. Keeping three, an offer lands first, second, third or
+    nowhere."""
     rng, seed = fresh_rng()
     n = 4096
     key = rng_mod.row_key(np.uint64(rng.integers(0, 2**63)), np.uint64(rng.integers(0, 1000)))
     tokens = rng.integers(0, 200_000, n).astype(np.int32)
     scale = np.where(np.arange(n) % 8 == 0, 1e4, 3.0).astype(np.float32)
     xs = (rng.standard_normal(n) * scale).astype(np.float32)
+    xs[4:7] = [-np.inf, np.inf, np.nan]
     d_xs, d_tokens = cuda.to_device(xs), cuda.to_device(tokens)
+
+    held = np.sort(rng.integers(0, 2**62, (n, 3)), axis=1)[:, ::-1].copy()  # best first
+    held[: n // 4, 2] = NONE
+    held[: n // 8, 1] = NONE
+    held[: n // 16, 0] = NONE
+    kept_three = np.empty_like(held)
 
     def run(bars: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         got, exact = poisoned((n,), np.int64), poisoned((n,), np.int64)
-        _noisy_pack_kernel[n // 64, 64](
-            d_xs, cuda.to_device(bars.astype(np.float32)), d_tokens, np.uint64(key), got, exact
-        )
+        three = cuda.to_device(held)
+        _noisy_offer_kernel[n // 64, 64](
+            d_xs, cuda.to_device(bars.astype(np.float32)), d_tokens, np.uint64(key), got, exact,
+            three,
+        )  # fmt: skip
+        kept_three[:] = synced(three)
         return synced(got), synced(exact)
 
-    _, exact = run(np.full(n, -np.inf, np.float32))
+    unbarred, exact = run(np.full(n, -np.inf, np.float32))
+    assert (unbarred[4:7] == NONE).all() and (unbarred[7:] >= 0).all()
     values = _key_values(exact >> 31)  # each exact noisy score
     edge = np.array([0.0, 1e-7, -1e-7, 1e-3, -1e-3, 3e-3, -3e-3, 0.5], np.float32)
     bars = (xs + rng.uniform(-2.0, 22.0, n)).astype(np.float32)
@@ -546,13 +592,18 @@ def test_noisy_pack_skips_only_what_cannot_reach_the_bar():
     e = edge[at_edge % len(edge)]
     bars[at_edge] = values[at_edge] * (1 + e) + e
     bars[:4] = [-np.inf, values[1], xs[2] + 100, xs[3] - 100]
+    bars[4:7] = [0.0, 0.0, 0.0]
     got, again = run(bars)
     assert np.array_equal(again, exact)
     skipped = got == NONE
-    assert (values[skipped] < bars[skipped]).all(), f"KERNEL_TEST_SEED={seed}"
+    finite = np.isfinite(xs)
+    assert (values[skipped & finite] < bars[skipped & finite]).all(), f"KERNEL_TEST_SEED={seed}"
     assert np.array_equal(got[~skipped], exact[~skipped]), f"KERNEL_TEST_SEED={seed}"
-    assert not skipped[:2].any() and skipped[2] and not skipped[3]
+    assert not skipped[:2].any() and skipped[2] and not skipped[3] and skipped[4:7].all()
     assert skipped.mean() > 0.4  # it does skip: most random bars are out of reach
+    offered = np.where(skipped, NONE, exact)
+    four = np.sort(np.column_stack([held, offered]), axis=1)[:, ::-1]
+    assert np.array_equal(kept_three, four[:, :3]), f"KERNEL_TEST_SEED={seed}"
 
 
 def _key_values(keys: np.ndarray) -> np.ndarray:

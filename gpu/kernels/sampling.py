@@ -20,19 +20,19 @@ CUDA graph; THREADS threads a block, which the histogram loops assume):
 1. scores_kernel (sampling_scores.py): bans and penalties from the state (spec step 1, in
    place on the ids the state's bit mask names), greedy argmax or x / T. Greedy and
    temperature-only rows finish here; truncating rows store their max and min_p bound, and
-   top-k rows count their first radix digit. Top-p rows without top-k also take their
-   Gumbel-max over every finite score (R_WINNER): the token, wherever the thresholds keep it
-   (the early exits of passes 3 and 5).
+   top-k rows count their first radix digit. Top-p rows without top-k also take their three
+   best noisy scores over every finite score (R_WINNER, R_SECOND, R_THIRD): the first of them
+   the thresholds keep is the token (the early exits of passes 3 and 5).
 2. radix_count_kernel x 2 (sampling_radix.py, digits 1 and 2 of 11, 11, 10 bits): top-k, the
    k-th largest kept score by radix select over the scores' order-preserving integer keys.
    The second digit copies the row's candidates (every score that can still be kept) into a
    buffer, and later passes read the copy where it fits.
 3. linear_mass_kernel, linear_hist_kernel, linear_split_kernel (sampling_linear.py): Z and
-   the mass above the pass-1 winner, two running sums: where the nucleus keeps the winner the
-   row is done with top-p (about top_p of the rows: the winner is a draw from the whole row).
-   The others: top-p's cut bin on a linear scale of the scores, the Gumbel-max above it, which
-   is the token unless a score of the cut's bins beats it, and the bins copied out for that
-   case.
+   the mass above each of pass 1's three, running sums: where the nucleus keeps one of them
+   the row is done with top-p (all but about one row in a thousand at top_p 0.9: each is a
+   draw from the whole row). The others: top-p's cut bin on a linear scale of the scores, the
+   Gumbel-max above it, which is the token unless a score of the cut's bins beats it, and the
+   bins copied out for that case.
 4. radix_mass_kernel x 3 (sampling_radix.py): top-p's exact cut by radix select with masses
    exp(s - max) in fixed point, over the copy (or, where the copy overflowed, the row). A
    compact row's three digits run in the first launch, in one block (compact_mass_select:
@@ -42,7 +42,7 @@ CUDA graph; THREADS threads a block, which the histogram loops assume):
 
 Every Gumbel-max (temperature rows in pass 1, top-p's scores above the cut bin in pass 3, the
 draw in pass 5) takes the noise only where a score can still beat its warp's best noisy score
-(sampling_common.noisy_pack): the same token, without two logarithms for most of the row.
+(sampling_common.noisy_offer): the same token, without two logarithms for most of the row.
 
 What they share (sampling_common.py): the row layouts below, the packed (value, index) max, the
 "last block done" merge across a row's blocks, the counter-based uniforms; the radix
@@ -112,6 +112,8 @@ from gpu.kernels.sampling_common import (
     R_PREFIX,
     R_REMAIN,
     R_SCALE,
+    R_SECOND,
+    R_THIRD,
     R_WINNER,
     R_Z,
     SLOTS,
@@ -170,6 +172,8 @@ __all__ = [
     "R_P_T",
     "R_REMAIN",
     "R_SCALE",
+    "R_SECOND",
+    "R_THIRD",
     "R_WINNER",
     "R_Z",
     "SIGNATURES",
@@ -199,8 +203,8 @@ _CANDIDATES = "float32[:, ::1], int32[:, ::1]"
 SIGNATURES = {
     "scores_kernel": [
         "void(float32[:, ::1], int64, float32[:, ::1], int32[:, ::1], uint64[:, ::1],"
-        f" {_STATE}, int32[::1], int64[::1], int64[::1], float32[:, ::1], int64[:, ::1],"
-        " int64[:, ::1], int32[::1], int32[:, ::1], int32[::1])"
+        f" {_STATE}, int32[::1], int64[::1], int64[::1], int64[:, ::1], float32[:, ::1],"
+        " int64[:, ::1], int64[:, ::1], int32[::1], int32[:, ::1], int32[::1])"
     ],
     "radix_count_kernel": [
         "void(float32[:, ::1], int64, int64, int32[:, ::1], float32[:, ::1],"
@@ -236,9 +240,10 @@ class SamplerScratch:
     ticket: object  # int32 [max_rows]: blocks of the row done with the current pass
     best: object  # int64 [max_rows]: the packed max of the current pass (NONE when idle)
     winner: object  # int64 [max_rows]: pass 1's full-row Gumbel-max (NONE when idle)
+    runners: object  # int64 [2, max_rows]: ... and the next two (NONE when idle)
     rowf: object  # float32 [6, max_rows]: R_MAX, R_MIN_BOUND, R_KTH, R_P_T, R_Z, R_SCALE
-    rowi: object  # int64 [7, max_rows]: R_MODE, R_PREFIX, R_REMAIN, R_COUNT, R_DIGIT,
-    # R_LINEAR_BIN, R_WINNER
+    rowi: object  # int64 [9, max_rows]: R_MODE, R_PREFIX, R_REMAIN, R_COUNT, R_DIGIT,
+    # R_LINEAR_BIN, R_WINNER, R_SECOND, R_THIRD
     hist: object  # int64 [max_rows, BINS]: the row's radix histogram (zero when idle)
     cand_val: object  # float32 [max_rows, candidates]: a compact row's scores (as stored)
     cand_idx: object  # int32 [max_rows, candidates]: ... and their token ids
@@ -262,8 +267,9 @@ def sampler_scratch(
         ticket=cuda.to_device(np.zeros(rows, np.int32), stream=stream),
         best=cuda.to_device(np.full(rows, NONE, np.int64), stream=stream),
         winner=cuda.to_device(np.full(rows, NONE, np.int64), stream=stream),
+        runners=cuda.to_device(np.full((2, rows), NONE, np.int64), stream=stream),
         rowf=cuda.to_device(np.zeros((6, rows), np.float32), stream=stream),
-        rowi=cuda.to_device(np.zeros((7, rows), np.int64), stream=stream),
+        rowi=cuda.to_device(np.zeros((9, rows), np.int64), stream=stream),
         hist=cuda.to_device(np.zeros((rows, BINS), np.int64), stream=stream),
         cand_val=cuda.device_array((rows, candidates), np.float32, stream=stream),
         cand_idx=cuda.device_array((rows, candidates), np.int32, stream=stream),
@@ -303,7 +309,7 @@ def sample(
     s = scratch
     scores_kernel[grid, THREADS, stream](
         logits, chunk_len, fparams, iparams, uparams, state, state_mask, s.ticket, s.best,
-        s.winner, s.rowf, s.rowi, s.hist, out, ring, ring_slot,
+        s.winner, s.runners, s.rowf, s.rowi, s.hist, out, ring, ring_slot,
     )  # fmt: skip
     for digit in (1, 2):
         radix_count_kernel[grid, THREADS, stream](

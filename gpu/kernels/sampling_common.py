@@ -54,8 +54,9 @@ MASS_UNIT = float32(MASS_SCALE)  # (the same, for fixed_mass's float32 product)
 SLOTS = MAX_THREADS // 32  # block_max's scratch (a slot per warp; 32 threads in the simulator)
 # rowf rows
 R_MAX, R_MIN_BOUND, R_KTH, R_P_T, R_Z, R_SCALE = range(6)
-# rowi rows (R_WINNER: the full-row Gumbel-max of pass 1, packed; see sampling_draw.py)
-R_MODE, R_PREFIX, R_REMAIN, R_COUNT, R_DIGIT, R_LINEAR_BIN, R_WINNER = range(7)
+# rowi rows (R_WINNER, R_SECOND, R_THIRD: pass 1's three best noisy scores over the row, packed;
+# see sampling_draw.py and sampling_linear.py)
+R_MODE, R_PREFIX, R_REMAIN, R_COUNT, R_DIGIT, R_LINEAR_BIN, R_WINNER, R_SECOND, R_THIRD = range(9)
 # mode bits (MODE_LINEAR: top-p's cut bin found on the linear scale, sampling_linear.py;
 # MODE_EARLY: R_WINNER holds the row's full-row Gumbel-max, sampling_draw.py; MODE_WON: the
 # top-p phase ended on it, with no exact cut, sampling_linear.py)
@@ -88,11 +89,15 @@ if SIMULATOR:
         x ^= x >> 16
         return ((x + (int(key) >> 32)) & _MASK32) >> 9
 
-    def fast_exp(x):
-        return np.float32(math.exp(x))
+    def ex2_approx(x):
+        """2**x in float32 (the device's ex2.approx.ftz: -inf -> 0, +inf -> inf)."""
+        with np.errstate(over="ignore"):
+            return np.exp2(np.float32(x))
 
 else:
-    from numba.cuda import libdevice
+    from llvmlite import ir
+    from numba.core import types
+    from numba.cuda.extending import intrinsic
 
     @device_function
     def row_key(seed, step):
@@ -108,7 +113,7 @@ else:
     def noise_bits(key, token):
         """The top 23 bits of rng.token_hash: 32-bit arithmetic a token (the 64-bit mixing is
         the row's, once)."""
-        x = uint32(uint32(token) * TOKEN_MUL) ^ uint32(key & uint64(0xFFFFFFFF))
+        x = uint32(uint32(uint32(token) * TOKEN_MUL) ^ uint32(key & uint64(0xFFFFFFFF)))
         x = uint32(x ^ (x >> uint32(16)))  # (Numba widens uint32 arithmetic to 64 bits:
         x = uint32(x * LOW1)  # every step is cut back to 32, so the SASS stays 32-bit)
         x = uint32(x ^ (x >> uint32(15)))
@@ -116,10 +121,17 @@ else:
         x = uint32(x ^ (x >> uint32(16)))
         return uint32(uint32(x + uint32(key >> uint64(32))) >> uint32(9))
 
-    @device_function
-    def fast_exp(x):
-        """exp by ex2.approx (relative error ~2**-21): for noisy_pack's bound only."""
-        return libdevice.fast_expf(x)
+    @intrinsic
+    def ex2_approx(typingctx, x):
+        """2**x by one ex2.approx.ftz.f32 (relative error ~2**-22; subnormal results 0):
+        noisy_offer's bound, where libdevice's exp2f adds a range fix of three instructions."""
+        sig = types.float32(types.float32)
+
+        def codegen(context, builder, signature, args):
+            fnty = ir.FunctionType(ir.FloatType(), [ir.FloatType()])
+            return builder.asm(fnty, "ex2.approx.ftz.f32 $0, $1;", "=f,f", list(args), False)
+
+        return sig, codegen
 
 
 @device_function
@@ -143,46 +155,73 @@ def gumbel_of(bits):
 
 @device_function
 def gumbel(key, token):
-    """Gumbel(0, 1) noise of one token of a keyed row: what noisy_pack adds where it draws."""
+    """Gumbel(0, 1) noise of one token of a keyed row: what noisy_offer adds where it draws."""
     return gumbel_of(noise_bits(key, token))
 
 
-@device_function
-def noisy_pack(x, v, key, bar):
-    """pack(x + gumbel(key, v), v), or NONE where x + noise provably stays under bar (a noisy
-    score this warp has already reached: then x cannot be the row's Gumbel-max).
+L2E = float32(1.0 / math.log(2.0))  # exp(y) = 2**(y * L2E)
+LOG2_MARGIN = float32(math.log2(1.001))  # noisy_offer's bound, 1.001 times the exact one
+SKIP_CAP = float32(math.exp(-NOISE_CAP))  # a bound this low: more than NOISE_CAP under the bar
 
-    Most scores of a row cannot win, and the two logarithms are most of a draw's cost. The
-    noise x needs is need = bar - x, less a slack for the float32 rounding of x + g; g > need
-    <=> E = -log(u) < c = exp(-need) <=> 1 - u < 1 - exp(-c), which is at most c. A lower
-    bound of 1 - u comes from the 23 bits by a bit cast, c from one fast exponential, with a
-    margin (c * 1.001) far above its error: a skipped score is one the exact noise would also
-    have left under bar, so the max, and the token drawn, are the exact computation's. g never
-    exceeds NOISE_CAP, so a score further than that under bar needs no hash at all.
-    """
-    need = bar - x - (float32(1e-3) + float32(1e-5) * (abs(x) + abs(bar)))
-    if need > NOISE_CAP:
-        return int64(NONE)
-    bits = noise_bits(key, v)
-    if need > 0:
-        c = fast_exp(-need)
+
+@device_function
+def noise_offset(cand):
+    """noisy_offer's offset for the warp's best noisy score so far (bar_offset of the max over
+    the warp of the packed cands; every lane of the warp in step: a block-uniform loop). In the
+    simulator, which has no shuffles, each thread's own."""
+    bar = key_to_f32(cand >> 31) if cand >= 0 else NEG_INF
+    if not SIMULATOR:
+        bar = warp_max(bar, 32)
+    return bar_offset(bar)
+
+
+@device_function
+def bar_offset(bar):
+    """(slack - bar) * L2E + log2(1.001): noisy_offer's offset for a bar (+inf for -inf: every
+    score offered in full). slack = 1e-3 + 1e-5 * (2 |bar| + 20) covers the float32 rounding
+    of x + g and of noisy_offer's bound for every x within 20 of the bar (|x| <= |bar| + 20); a
+    score further under the bar is more than 3 under it with the largest noise, far above that
+    rounding."""
+    slack = float32(1e-3) + float32(1e-5) * (float32(2.0) * abs(bar) + float32(20.0))
+    return (slack - bar) * L2E + LOG2_MARGIN
+
+
+@device_function
+def noisy_offer(c1, c2, c3, x, v, key, offset, n):
+    """Offer pack(x + gumbel(key, v), v) for a finite x to the best `n` so far (n, a constant:
+    1, c1 the max; or 3, c1 >= c2 >= c3 the three best), returned as (c1, c2, c3); unchanged
+    where x + noise provably stays under the bar that offset was made from (noise_offset: a
+    noisy score this warp has already reached n times, so x cannot be among the row's best n),
+    or x is not finite.
+
+    Most scores of a row cannot win, and the two logarithms are most of a draw's cost. Let
+    need = bar - x - slack: g > need <=> E = -log(u) < c = exp(-need) <=> 1 - u < 1 - exp(-c),
+    which is at most c. A lower bound d of 1 - u comes from the 23 bits by a bit cast, and
+    c' = 2**(x * L2E + offset) = 1.001 c (one FFMA and one ex2.approx, whose error the 1.001
+    covers a thousand times over): d >= c' means g <= need, so x + g stays under the bar and
+    the max, and the token drawn, are the exact computation's. c' >= 1 > d wherever need <= 0,
+    c' = 0 for x = -inf, and no comparison holds for NaN. Where c' < SKIP_CAP, need exceeds
+    NOISE_CAP, above any noise: no hash at all (the far tail of a peaked row). A flat row's
+    common path is then one FFMA, one ex2, the hash and a compare a score (sass_count: ~27
+    instructions a score with the load, against ~65 with the bound's exp and slack per score
+    and the packed max on every path); the offer itself, branch-free maxes, only where a score
+    passes."""
+    c = ex2_approx(x * L2E + offset)
+    if c >= SKIP_CAP:
+        bits = noise_bits(key, v)
         # 1 - u = (m + 1/2) / 2**23 with m = 2**23 - 1 - bits: at least m / 2**23, which is
         # 1.m - 1 exactly, the float with m as its mantissa (a bit cast, no conversion).
         d = bits_f32(uint32(0x3F800000) | (uint32(0x7FFFFF) - uint32(bits))) - float32(1.0)
-        if d >= c * float32(1.001):  # 1 - u >= d, and q = 1 - exp(-c) <= c
-            return int64(NONE)
-    return pack(x + gumbel_of(bits), v)
-
-
-@device_function
-def warp_bar(cand):
-    """noisy_pack's bar: the best noisy score among the warp's packed maxes (-inf before any),
-    in every lane (the whole warp in step: a block-uniform loop); in the simulator, which has
-    no shuffles, each thread's own."""
-    value = key_to_f32(cand >> 31) if cand >= 0 else NEG_INF
-    if SIMULATOR:
-        return value
-    return warp_max(value, 32)
+        if d < c and finite(x):
+            p = pack(x + gumbel_of(bits), v)
+            if n == 3:  # p bubbles down the three (no branch: no register copies)
+                lose = min(c1, p)
+                c1 = max(c1, p)
+                c3 = max(c3, min(c2, lose))
+                c2 = max(c2, lose)
+            else:
+                c1 = max(c1, p)
+    return c1, c2, c3
 
 
 @device_function
@@ -219,6 +258,36 @@ def listed_share(listed_rows, listed, vocab):
     span = ((vocab + per - 1) // per + nt - 1) // nt * nt
     start = (here % per) * span
     return int32(listed_rows[2 + here // per]), start, min(start + span, vocab), per
+
+
+GROUP = UNROLL * THREADS  # scores a block loads at once: UNROLL a thread, THREADS apart
+
+
+@device_function
+def whole_groups_end(start, end):
+    """The end of the whole GROUPs from start in [start, end) (uint32; start itself for an
+    empty share, which block_share gives a compact row's spare blocks with end < start): a pass
+    over a block's share loads those with load_group, and the rest, if any, with load_tail."""
+    return uint32(start + max(end - start, 0) // GROUP * GROUP)
+
+
+@device_function
+def load_group(scores, base, xs):
+    """xs[u] = scores[base + u * THREADS], every load of the group in flight at once, at
+    constant offsets from one address: a uint64 index lets the 64-bit address arithmetic fold
+    u * THREADS into each load (LDG [R+0x400]); a uint32 one, wrapping, cannot."""
+    b = uint64(base)
+    for u in range(UNROLL):
+        xs[u] = scores[b + uint64(u * THREADS)]
+
+
+@device_function
+def load_tail(scores, base, stop, xs):
+    """load_group for the share's last, partial group: loads past stop clamped to its last
+    score (the caller sets them aside by their index)."""
+    last = uint32(stop - uint32(1))  # (uint32 - uint32 widens to 64 bits in Numba)
+    for u in range(UNROLL):
+        xs[u] = scores[min(uint32(base + uint32(u * THREADS)), last)]
 
 
 @device_function
@@ -291,18 +360,12 @@ def block_share(rowi, row, compact, chunk_len, vocab):
     return start, min(start + chunk_len, vocab)
 
 
-@device_function
-def load(logits, cand_val, cand_idx, row, j, compact, xs, vs, u):
-    """Element j of the block's share into xs[u] (score as stored) and vs[u] (its token id)."""
-    if compact:
-        xs[u] = cand_val[row, j]
-        vs[u] = cand_idx[row, j]
-    else:
-        xs[u] = logits[row, j]
-        vs[u] = j
-
-
 if SIMULATOR:
+
+    @device_function
+    def warp_any(flag):
+        """The simulator's twin of warp_any below: the thread's own flag (no votes)."""
+        return flag
 
     @device_function
     def claim_slot(rowi, row, want, capacity, full):
@@ -315,6 +378,12 @@ if SIMULATOR:
         return slot
 
 else:
+
+    @device_function
+    def warp_any(flag):
+        """Whether any active lane of the warp has `flag` (one vote): a loop asks it once a
+        group before a rare per-score step that every lane must take together."""
+        return cuda.any_sync(cuda.activemask(), flag)
 
     @device_function
     def claim_slot(rowi, row, want, capacity, full):

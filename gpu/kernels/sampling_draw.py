@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import math
 
-from numba import cuda, float32, int32, int64
+from numba import cuda, float32, int32, int64, uint32
 
 from gpu.kernels.block_reduce import block_max
+from gpu.kernels.launch import device_function
 from gpu.kernels.pdl import grid_dependency_sync
 from gpu.kernels.sampling_common import (
+    GROUP,
     I_STATE_ROW,
     MODE_COMPACT,
     MODE_EARLY,
@@ -35,6 +37,7 @@ from gpu.kernels.sampling_common import (
     R_WINNER,
     R_Z,
     SLOTS,
+    THREADS,
     U_SEED,
     U_STEP,
     UNROLL,
@@ -42,13 +45,72 @@ from gpu.kernels.sampling_common import (
     finish_row,
     kept,
     last_block,
-    load,
-    noisy_pack,
+    load_group,
+    load_tail,
+    noise_offset,
+    noisy_offer,
     packed_index,
     row_bounds,
     row_key,
-    warp_bar,
+    whole_groups_end,
 )
+
+
+@device_function
+def draw_group(xs, base, stop, key, top, min_bound, kth, scale, p_t, z, cand, offset, tail):
+    """The Gumbel-max over one group of a row's scores, xs[u] at base + u * THREADS, of those
+    the thresholds keep (only the last group, `tail`, has loads past `stop`)."""
+    for u in range(UNROLL):
+        v = uint32(base + uint32(u * THREADS))
+        x = xs[u] * scale
+        if tail:
+            x = x if v < stop else NEG_INF
+        if kept(x, min_bound, kth):
+            if p_t == 0 or float32(math.exp(x - top)) / z >= p_t:
+                cand, _, _ = noisy_offer(cand, NONE, NONE, x, v, key, offset, 1)
+    return cand
+
+
+@device_function
+def scan_row_draw(scores, start, end, key, top, min_bound, kth, scale, p_t, z):
+    """This thread's Gumbel-max over the kept scores of scores[start:end], the row itself: whole
+    groups loaded at constant offsets from one address, the last one clamped (as the scores
+    pass's loop, sampling_scores.scan_scores)."""
+    cand = int64(NONE)
+    offset = -NEG_INF  # noisy_offer's: every score offered in full until the warp has a bar
+    xs = cuda.local.array(UNROLL, float32)
+    whole = whole_groups_end(start, end)
+    stop = uint32(end)
+    base = uint32(start) + uint32(cuda.threadIdx.x)
+    while base < whole:  # block-uniform, for noise_offset
+        load_group(scores, base, xs)
+        cand = draw_group(xs, base, stop, key, top, min_bound, kth, scale, p_t, z, cand, offset,
+                          False)  # fmt: skip
+        offset = noise_offset(cand)
+        base = uint32(base + uint32(GROUP))
+    if whole < stop:  # the last, partial group
+        load_tail(scores, base, stop, xs)
+        cand = draw_group(xs, base, stop, key, top, min_bound, kth, scale, p_t, z, cand, offset,
+                          True)  # fmt: skip
+    return cand
+
+
+@device_function
+def scan_copy_draw(cand_val, cand_idx, row, start, end, key, top, min_bound, kth, scale, p_t, z):
+    """scan_row_draw over a compact row's copy (entries start:end, their token ids beside)."""
+    cand = int64(NONE)
+    offset = -NEG_INF  # noisy_offer's: every score offered in full until the warp has a bar
+    for base0 in range(start, end, GROUP):  # block-uniform, for noise_offset
+        base = base0 + cuda.threadIdx.x
+        for u in range(UNROLL):
+            j = base + u * THREADS
+            x = cand_val[row, min(j, end - 1)] * scale
+            if j < end and kept(x, min_bound, kth):
+                if p_t == 0 or float32(math.exp(x - top)) / z >= p_t:
+                    v = cand_idx[row, j]
+                    cand, _, _ = noisy_offer(cand, NONE, NONE, x, v, key, offset, 1)
+        offset = noise_offset(cand)
+    return cand
 
 
 @cuda.jit(cache=True)
@@ -80,22 +142,11 @@ def gumbel_kernel(
     tid = cuda.threadIdx.x
     key = row_key(uparams[U_SEED, row], uparams[U_STEP, row])
     start, end = block_share(rowi, row, compact, chunk_len, logits.shape[1])
-    cand = int64(NONE)
-    xs = cuda.local.array(UNROLL, float32)
-    vs = cuda.local.array(UNROLL, int32)
-    nt = cuda.blockDim.x
-    bar = NEG_INF  # the warp's best noisy score so far (sampling_common.noisy_pack)
-    for base0 in range(start, end, nt * UNROLL):  # block-uniform, for warp_bar
-        base = base0 + tid
-        for u in range(UNROLL):
-            load(logits, cand_val, cand_idx, row, min(base + u * nt, end - 1), compact, xs, vs, u)
-        for u in range(UNROLL):
-            x = xs[u] * scale
-            v = vs[u]
-            if base + u * nt < end and kept(x, min_bound, kth):
-                if p_t == 0 or float32(math.exp(x - top)) / z >= p_t:
-                    cand = max(cand, noisy_pack(x, v, key, bar))
-        bar = warp_bar(cand)
+    if compact:
+        cand = scan_copy_draw(cand_val, cand_idx, row, start, end, key, top, min_bound, kth, scale,
+                              p_t, z)  # fmt: skip
+    else:
+        cand = scan_row_draw(logits[row], start, end, key, top, min_bound, kth, scale, p_t, z)
     cand = block_max(buf, cand)
     if tid == 0 and cand >= 0:
         cuda.atomic.max(best, row, cand)

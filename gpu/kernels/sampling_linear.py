@@ -1,21 +1,25 @@
-"""Top-p after the scores pass: first a test of pass 1's winner, then the cut on a linear
-scale of the scores for the rows it turns down.
+"""Top-p after the scores pass: first a test of pass 1's best noisy scores, then the cut on a
+linear scale of the scores for the rows it turns down.
 
 A Gumbel-max over a set is the Gumbel-max over any subset that still holds it, so pass 1's
 full-row winner w (R_WINNER, sampling_scores.py) is the token wherever the nucleus keeps it:
-at least top_p of the time, as the nucleus holds top_p of the mass. The exact cut keeps every
-score whose mass strictly above it falls short of top_p * Z (ties at the edge kept), so
+at least top_p of the time, as the nucleus holds top_p of the mass. Where the nucleus cuts it,
+the next best noisy score is the token if the nucleus keeps that one, and so on: pass 1 keeps
+the three best (R_WINNER, R_SECOND, R_THIRD), and the first of them that the nucleus keeps is
+the token; all three are cut about one row in a thousand at top_p 0.9 (one in ten with the
+winner alone, and each such row costs the passes below). The exact cut keeps every score whose
+mass strictly above it falls short of top_p * Z (ties at the edge kept), so
 
     w is kept  <=>  A = sum of the masses of the kept scores strictly above w < ceil(top_p * Z)
 
 with the masses in the fixed point of the radix passes (sampling_common.fixed_mass: exact,
 order-free integer sums, the same integers the exact cut would sum).
 
-1. linear_mass_kernel: Z and A, two running int64 sums a thread. The row's last block ends the
-   row's top-p phase if A falls short (MODE_WON: no histogram, no split, no exact cut; the draw
-   takes w) and otherwise lists the row for the next pass (hist_rows). On the H100's engine
-   loop nine rows in ten end here at top-p 0.9. A row with no winner to test (top-k with top-p,
-   or a winner the min_p bound cuts) bins its scores at once, as the next pass does.
+1. linear_mass_kernel: Z and each candidate's A, running int64 sums a thread. The row's last
+   block ends the row's top-p phase on the first candidate whose A falls short (MODE_WON: no
+   histogram, no split, no exact cut; the draw takes it, R_WINNER) and otherwise lists the row
+   for the next pass (hist_rows). A row with no candidate to test (top-k with top-p, or
+   candidates the min_p bound cuts) bins its scores at once, as the next pass does.
 2. linear_hist_kernel, over the listed rows only, the whole grid spread over them: the row's
    histogram on a linear scale of its distance from the max, which the scores pass knows:
 
@@ -46,8 +50,10 @@ these passes: the radix digits read their copy.
 The passes are bound by the instructions a score costs, not by HBM (ncu: SM throughput ~62%,
 DRAM 20-38%), so their loops are kept lean: the accept test's sums replace a histogram's two
 shared-memory atomics a score (the returning one on the loop's critical path); offsets and bins
-are 32-bit from the row's start; the split draws noise only where a score can still win
-(sampling_common.noisy_pack). The histogram pass and the split read only the rows listed, the
+are 32-bit from the row's start, and whole groups load at constant offsets from one address
+(the accept loop 148 -> 122 SASS instructions a group of four scores, before its third
+candidate); the split draws noise only where a score can still win
+(sampling_common.noisy_offer). The histogram pass and the split read only the rows listed, the
 whole grid spread over them: on their own one or two blocks a row at batch 256, the split took
 as long as over every row (160 us; 36 spread).
 """
@@ -64,6 +70,7 @@ from gpu.kernels.pdl import grid_dependency_sync
 from gpu.kernels.sampling_common import (
     BINS,
     F_TOP_P,
+    GROUP,
     MASS_SCALE,
     MODE_COMPACT,
     MODE_EARLY,
@@ -76,6 +83,8 @@ from gpu.kernels.sampling_common import (
     R_LINEAR_BIN,
     R_MODE,
     R_REMAIN,
+    R_SECOND,
+    R_THIRD,
     R_WINNER,
     R_Z,
     SLOTS,
@@ -90,11 +99,14 @@ from gpu.kernels.sampling_common import (
     last_block,
     last_of,
     listed_share,
-    noisy_pack,
+    load_group,
+    load_tail,
+    noise_offset,
+    noisy_offer,
     packed_index,
     row_bounds,
     row_key,
-    warp_bar,
+    whole_groups_end,
 )
 from gpu.kernels.sampling_histogram import (
     add_mass,
@@ -118,36 +130,71 @@ def linear_bin(top, x):
 
 
 @device_function
-def scan_masses(scores, start, end, top, min_bound, kth, scale, xw, lo, hi, binned):
+def mass_group(xs, base, stop, top, min_bound, kth, scale, x1, x2, x3, lo, hi, z, a1, a2, a3,
+               binned, tail):  # fmt: skip
+    """scan_masses on one group of loaded scores, xs[u] at base + u * THREADS (only the last
+    group, `tail`, has loads past `stop`)."""
+    for u in range(UNROLL):
+        x = xs[u] * scale
+        if tail:
+            x = x if uint32(base + uint32(u * THREADS)) < stop else NEG_INF
+        if kept(x, min_bound, kth):  # (a select above: every load used before a branch)
+            m = fixed_mass(x, top)
+            if binned:
+                add_mass(lo, hi, linear_bin(top, x), m)
+            else:
+                z += m
+                if x > x1:  # (x1 <= x2 <= x3: most scores lie under all three)
+                    a1 += m
+                    if x > x2:
+                        a2 += m
+                        if x > x3:
+                            a3 += m
+    return z, a1, a2, a3
+
+
+@device_function
+def scan_masses(scores, start, end, top, min_bound, kth, scale, x1, x2, x3, lo, hi, binned):
     """The fixed-point mass of every kept score of scores[start:end]. With `binned`, into its
     linear bin of this block's histogram (lo, hi: sampling_histogram.add_mass; cleared and
-    synced by the caller). Else this thread's share of (Z, A): the masses of the kept scores,
-    and of those strictly above xw, two running sums with no shared-memory atomic a score.
-    Returns (Z, A), zeros when binned (`binned` is a constant at each call: the inlined loop
-    keeps one of the two)."""
-    nt = cuda.blockDim.x
+    synced by the caller). Else this thread's share of (Z, A1, A2, A3): the masses of the kept
+    scores and of those strictly above x1 <= x2 <= x3, running sums with no shared-memory
+    atomic a score. Returns them, zeros when binned (`binned` is a constant at each call: the
+    inlined loop keeps one of the two). Whole groups load at constant offsets from one address,
+    as the scores pass's do (sampling_scores.scan_scores)."""
     z = int64(0)
-    a = int64(0)
+    a1 = int64(0)
+    a2 = int64(0)
+    a3 = int64(0)
     xs = cuda.local.array(UNROLL, float32)
+    whole = whole_groups_end(start, end)
     stop = uint32(end)
-    stride = uint32(nt)
-    last = uint32(stop - uint32(1))  # (uint32 - uint32 widens to 64 bits in Numba)
     base = uint32(start) + uint32(cuda.threadIdx.x)
-    while base < stop:
-        for u in range(UNROLL):
-            xs[u] = scores[min(uint32(base + uint32(u) * stride), last)]
-        for u in range(UNROLL):
-            x = xs[u] * scale if uint32(base + uint32(u) * stride) < stop else NEG_INF
-            if kept(x, min_bound, kth):  # (a select above: every load used before a branch)
-                m = fixed_mass(x, top)
-                if binned:
-                    add_mass(lo, hi, linear_bin(top, x), m)
-                else:
-                    z += m
-                    if x > xw:
-                        a += m
-        base = uint32(base + stride * uint32(UNROLL))
-    return z, a
+    while base < whole:
+        load_group(scores, base, xs)
+        z, a1, a2, a3 = mass_group(
+            xs, base, stop, top, min_bound, kth, scale, x1, x2, x3, lo, hi, z, a1, a2, a3, binned,
+            False,
+        )  # fmt: skip
+        base = uint32(base + uint32(GROUP))
+    if whole < stop:  # the last, partial group
+        load_tail(scores, base, stop, xs)
+        z, a1, a2, a3 = mass_group(
+            xs, base, stop, top, min_bound, kth, scale, x1, x2, x3, lo, hi, z, a1, a2, a3, binned,
+            True,
+        )  # fmt: skip
+    return z, a1, a2, a3
+
+
+@device_function
+def pass_one_best(scores, rowi, which, row, early, min_bound, kth, scale):
+    """(packed, scaled score, testable) of one of pass 1's three best noisy scores (rowi row
+    `which`): testable where the row drew them (MODE_EARLY) and the thresholds keep it; its
+    score is then +inf otherwise (no mass above it)."""
+    packed = rowi[which, row]
+    x = scores[packed_index(packed)] * scale  # (any score where there is none)
+    ok = early and packed >= 0 and kept(x, min_bound, kth)
+    return packed, x if ok else -NEG_INF, ok
 
 
 @device_function
@@ -193,20 +240,31 @@ def linear_mass_kernel(
     top, min_bound, kth, scale = row_bounds(rowf, row)
     start, end = block_share(rowi, row, False, chunk_len, logits.shape[1])
     scores = logits[row]  # 32-bit offsets from the row's start (the module docstring)
-    won = rowi[R_WINNER, row]
-    xw = scores[packed_index(won)] * scale  # pass 1's winner (any score where there is none)
-    test = (mode & MODE_EARLY) != 0 and won >= 0 and kept(xw, min_bound, kth)
-    if test:  # Z and the mass above the winner: the accept test (the module docstring)
-        z, a = scan_masses(scores, start, end, top, min_bound, kth, scale, xw, lo, hi, False)
+    early = (mode & MODE_EARLY) != 0
+    w1, x1, ok1 = pass_one_best(scores, rowi, R_WINNER, row, early, min_bound, kth, scale)
+    w2, x2, ok2 = pass_one_best(scores, rowi, R_SECOND, row, early, min_bound, kth, scale)
+    w3, x3, ok3 = pass_one_best(scores, rowi, R_THIRD, row, early, min_bound, kth, scale)
+    test = ok1 or ok2 or ok3
+    t1 = min(x1, min(x2, x3))  # the three scores in order (untestable ones +inf: no mass)
+    t3 = max(x1, max(x2, x3))
+    t2 = max(min(x1, x2), min(max(x1, x2), x3))  # (the median)
+    if test:  # Z and the masses above them: the accept test (the module docstring)
+        z, s1, s2, s3 = scan_masses(
+            scores, start, end, top, min_bound, kth, scale, t1, t2, t3, lo, hi, False
+        )  # fmt: skip
         z = block_sum(buf, z)
-        a = block_sum(buf, a)
+        s1 = block_sum(buf, s1)
+        s2 = block_sum(buf, s2)
+        s3 = block_sum(buf, s3)
         if tid == 0:
             cuda.atomic.add(hist, (row, 0), z)
-            cuda.atomic.add(hist, (row, 1), a)
+            cuda.atomic.add(hist, (row, 1), s1)
+            cuda.atomic.add(hist, (row, 2), s2)
+            cuda.atomic.add(hist, (row, 3), s3)
     else:  # no winner to test: the row's histogram at once
         clear_bins(lo, hi, BINS)
         cuda.syncthreads()
-        scan_masses(scores, start, end, top, min_bound, kth, scale, xw, lo, hi, True)
+        scan_masses(scores, start, end, top, min_bound, kth, scale, x1, x2, x3, lo, hi, True)
         cuda.syncthreads()
         flush_bins(lo, hi, hist, row, BINS)
     if not last_block(ticket, row, flag):
@@ -215,11 +273,27 @@ def linear_mass_kernel(
         cut_bin(hist, row, mode, fparams, rowf, rowi, linear_rows, hs, scan, sel)
     elif tid == 0:
         z = cuda.atomic.exch(hist, (row, 0), int64(0))
-        a = cuda.atomic.exch(hist, (row, 1), int64(0))
-        if a < nucleus_needs(fparams, row, z):
-            # The mass strictly above the winner falls short of the nucleus's: the exact cut
-            # keeps it, and it beats every score the nucleus holds, so it is the token. The
-            # row's top-p phase ends here; the draw takes it (sampling_draw.py).
+        s1 = cuda.atomic.exch(hist, (row, 1), int64(0))
+        s2 = cuda.atomic.exch(hist, (row, 2), int64(0))
+        s3 = cuda.atomic.exch(hist, (row, 3), int64(0))
+        needs = nucleus_needs(fparams, row, z)
+        # each candidate's mass above it, by its rank among the three (equal scores: equal sums)
+        a1 = s1 if x1 <= t1 else (s2 if x1 <= t2 else s3)
+        a2 = s1 if x2 <= t1 else (s2 if x2 <= t2 else s3)
+        a3 = s1 if x3 <= t1 else (s2 if x3 <= t2 else s3)
+        # The first of the three, in noisy order, that the nucleus keeps (the mass strictly
+        # above it falls short of the nucleus's) is the token: the ones before it are cut,
+        # and it beats every other score the nucleus holds. The row's top-p phase ends here;
+        # the draw takes it (sampling_draw.py).
+        token = int64(NONE)
+        if ok1 and a1 < needs:
+            token = w1
+        elif ok2 and a2 < needs:
+            token = w2
+        elif ok3 and a3 < needs:
+            token = w3
+        if token >= 0:
+            rowi[R_WINNER, row] = token
             rowi[R_MODE, row] = (mode & ~MODE_TOP_P) | MODE_WON
         else:
             hist_rows[2 + cuda.atomic.add(hist_rows, 0, int32(1))] = row
@@ -228,7 +302,7 @@ def linear_mass_kernel(
 @cuda.jit(cache=True)
 def linear_hist_kernel(logits, fparams, ticket, hist, rowf, rowi, linear_rows, hist_rows):
     grid_dependency_sync()
-    listed = hist_rows[0]  # rows whose winner the nucleus does not hold (about one in ten)
+    listed = hist_rows[0]  # rows whose three candidates the nucleus cuts (one in a thousand)
     if listed == 0:
         return
     hs = cuda.shared.array(BINS, int64)
@@ -242,7 +316,10 @@ def linear_hist_kernel(logits, fparams, ticket, hist, rowf, rowi, linear_rows, h
         top, min_bound, kth, scale = row_bounds(rowf, row)
         clear_bins(lo, hi, BINS)
         cuda.syncthreads()
-        scan_masses(logits[row], start, end, top, min_bound, kth, scale, NEG_INF, lo, hi, True)
+        scores = logits[row]
+        scan_masses(
+            scores, start, end, top, min_bound, kth, scale, NEG_INF, NEG_INF, NEG_INF, lo, hi, True
+        )
         cuda.syncthreads()
         flush_bins(lo, hi, hist, row, BINS)
         if last_of(ticket, row, flag, per):
@@ -283,9 +360,9 @@ def linear_split_kernel(
         stop = uint32(end)
         stride = uint32(nt)
         last = uint32(stop - uint32(1))  # (uint32 - uint32 widens to 64 bits in Numba)
-        bar = NEG_INF  # the warp's best noisy score so far (sampling_common.noisy_pack)
+        offset = -NEG_INF  # noisy_offer's: every score offered in full until the warp has a bar
         base0 = uint32(start)
-        while base0 < stop:  # block-uniform, for warp_bar
+        while base0 < stop:  # block-uniform, for noise_offset
             base = uint32(base0 + uint32(tid))
             for u in range(UNROLL):
                 xs[u] = scores[min(uint32(base + uint32(u) * stride), last)]
@@ -295,16 +372,16 @@ def linear_split_kernel(
                 keep = v < stop and kept(x, min_bound, kth)
                 b = linear_bin(top, x) if keep else int32(-1)
                 if b > cut:
-                    cand = max(cand, noisy_pack(x, v, key, bar))
+                    cand, _, _ = noisy_offer(cand, NONE, NONE, x, v, key, offset, 1)
                 elif b >= cut - 1:  # b >= 0: kept
-                    edge = max(edge, noisy_pack(x, v, key, bar))
+                    edge, _, _ = noisy_offer(edge, NONE, NONE, x, v, key, offset, 1)
                 if full[0] == 0:
                     want = b == cut or b == cut - 1
                     slot = claim_slot(rowi, row, want, capacity, full)
                     if want and slot < capacity:
                         cand_val[row, slot] = xs[u]  # as stored: later passes multiply by scale
                         cand_idx[row, slot] = v
-            bar = warp_bar(cand)
+            offset = noise_offset(cand)
             base0 = uint32(base0 + stride * uint32(UNROLL))
         cand = block_max(buf, cand)
         if tid == 0 and cand >= 0:

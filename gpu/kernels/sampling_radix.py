@@ -50,6 +50,7 @@ from gpu.kernels.sampling_common import (
     BINS,
     BLOCKS_PER_SM,
     F_TOP_P,
+    GROUP,
     MASS_SCALE,
     MODE_COMPACT,
     MODE_LINEAR,
@@ -70,8 +71,11 @@ from gpu.kernels.sampling_common import (
     fixed_mass,
     kept,
     last_block,
-    load,
+    load_group,
+    load_tail,
     row_bounds,
+    warp_any,
+    whole_groups_end,
 )
 from gpu.kernels.sampling_histogram import (
     add_mass,
@@ -138,6 +142,70 @@ def compact_mass_select(row, mode, fparams, rowf, rowi, cand_val, lo, hi, hs, sc
         rowi[R_DIGIT, row] = 0
 
 
+@device_function
+def digit_group(xs, base, stop, row, top, min_bound, kth, scale, shift, bins, high_mask, prefix,
+                lo, hi, rowi, cand_val, cand_idx, full, use_mass, compacting, tail):  # fmt: skip
+    """One group of a row's scores, xs[u] at base + u * THREADS (only the last group, `tail`,
+    has loads past `stop`): each kept score whose higher digits match the prefix counted (or
+    its mass added) into its bin of this block's histogram; with `compacting`, every kept score
+    of the prefix's top digit or above copied out. The warp votes once a group whether any
+    lane copies: most groups of a row copy nothing, and claim_slot is a ballot a score."""
+    want = cuda.local.array(UNROLL, int32)
+    wanted = False
+    for u in range(UNROLL):
+        v = uint32(base + uint32(u * THREADS))
+        x = xs[u] * scale
+        keep = kept(x, min_bound, kth)
+        if tail:
+            keep = keep and v < stop
+        key = uint32(ordered_key(x))
+        want[u] = 0
+        if compacting:
+            want[u] = int32(keep and (key >> uint32(21)) >= uint32(prefix >> 21))
+            wanted = wanted or want[u] != 0
+        if keep and (key & uint32(high_mask)) == uint32(prefix):
+            b = (key >> uint32(shift)) & uint32(bins - 1)
+            if use_mass:
+                add_mass(lo, hi, b, fixed_mass(x, top))
+            else:
+                cuda.atomic.add(lo, b, uint32(1))
+    if compacting and full[0] == 0 and warp_any(wanted):
+        capacity = cand_val.shape[1]
+        for u in range(UNROLL):
+            slot = claim_slot(rowi, row, want[u] != 0, capacity, full)
+            if want[u] != 0 and slot < capacity:
+                cand_val[row, slot] = xs[u]  # as stored: read * scale again
+                cand_idx[row, slot] = uint32(base + uint32(u * THREADS))
+
+
+@device_function
+def scan_digit(
+    scores, start, end, row, top, min_bound, kth, scale, shift, bins, high_mask, prefix, lo, hi,
+    rowi, cand_val, cand_idx, full, use_mass, compacting,
+):  # fmt: skip
+    """One block's share of a radix digit over scores[start:end] (the row, or its copy once the
+    row is compact; `compacting` only over the row, whose indices are the token ids): whole
+    groups loaded at constant offsets from one address, the last one clamped (as the scores
+    pass's loop, sampling_scores.scan_scores)."""
+    xs = cuda.local.array(UNROLL, float32)
+    whole = whole_groups_end(start, end)
+    stop = uint32(end)
+    base = uint32(start) + uint32(cuda.threadIdx.x)
+    while base < whole:  # block-uniform: warp_any needs every lane
+        load_group(scores, base, xs)
+        digit_group(
+            xs, base, stop, row, top, min_bound, kth, scale, shift, bins, high_mask, prefix, lo,
+            hi, rowi, cand_val, cand_idx, full, use_mass, compacting, False,
+        )  # fmt: skip
+        base = uint32(base + uint32(GROUP))
+    if whole < stop:  # the last, partial group
+        load_tail(scores, base, stop, xs)
+        digit_group(
+            xs, base, stop, row, top, min_bound, kth, scale, shift, bins, high_mask, prefix, lo,
+            hi, rowi, cand_val, cand_idx, full, use_mass, compacting, True,
+        )  # fmt: skip
+
+
 def _radix_kernel(use_mass: bool):
     """One digit of the top-k (counts) or top-p (masses) radix select; see the docstring."""
     phase = MODE_TOP_P if use_mass else MODE_TOP_K
@@ -160,7 +228,6 @@ def _radix_kernel(use_mass: bool):
         flag = cuda.shared.array(1, int32)
         full = cuda.shared.array(1, int32)  # the row's candidates overflowed: stop copying
         tid = cuda.threadIdx.x
-        nt = cuda.blockDim.x
         shift, bins, high_mask = digit_layout(digit)
         prefix = rowi[R_PREFIX, row] if digit > 0 else int64(0)
         top, min_bound, kth, scale = row_bounds(rowf, row)
@@ -173,30 +240,11 @@ def _radix_kernel(use_mass: bool):
             full[0] = 0
         cuda.syncthreads()
         start, end = block_share(rowi, row, compact, chunk_len, logits.shape[1])
-        capacity = cand_val.shape[1]
-        xs = cuda.local.array(UNROLL, float32)
-        vs = cuda.local.array(UNROLL, int32)
-        for base in range(start + tid, end, nt * UNROLL):
-            for u in range(UNROLL):
-                load(
-                    logits, cand_val, cand_idx, row, min(base + u * nt, end - 1), compact, xs, vs, u
-                )
-            for u in range(UNROLL):
-                x = xs[u] * scale
-                keep = base + u * nt < end and kept(x, min_bound, kth)
-                key = int64(ordered_key(x)) if keep else int64(0)
-                if compacting and full[0] == 0:
-                    want = keep and (key >> 21) >= (prefix >> 21)
-                    slot = claim_slot(rowi, row, want, capacity, full)
-                    if want and slot < capacity:
-                        cand_val[row, slot] = xs[u]  # as stored: read * scale again
-                        cand_idx[row, slot] = vs[u]
-                if keep and (key & high_mask) == prefix:
-                    b = (key >> shift) & (bins - 1)
-                    if use_mass:
-                        add_mass(lo, hi, b, fixed_mass(x, top))
-                    else:
-                        cuda.atomic.add(lo, b, uint32(1))
+        scores = cand_val[row] if compact else logits[row]  # the row's copy, or the row
+        scan_digit(
+            scores, start, end, row, top, min_bound, kth, scale, shift, bins, high_mask, prefix,
+            lo, hi, rowi, cand_val, cand_idx, full, use_mass, compacting,
+        )  # fmt: skip
         cuda.syncthreads()
         flush_bins(lo, hi, hist, row, bins)
         if not last_block(ticket, row, flag):
@@ -216,7 +264,7 @@ def _radix_kernel(use_mass: bool):
         if compacting:
             # Every score this phase can keep (and the next phases and the draw: they keep
             # fewer) is in the copied bins; from now on the row's passes read the copy.
-            if not done and cuda.atomic.add(rowi, (R_COUNT, row), 0) <= capacity:
+            if not done and cuda.atomic.add(rowi, (R_COUNT, row), 0) <= cand_val.shape[1]:
                 mode |= MODE_COMPACT
             else:
                 rowi[R_COUNT, row] = 0  # too many: the row stays on the logits

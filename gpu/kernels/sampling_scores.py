@@ -4,11 +4,16 @@ scores_kernel applies the row's token state (spec step 1: bans, repetition, pres
 frequency penalties), then takes the greedy argmax or scales by the temperature: x * (1 / T),
 1 / T rounded once a row, as the twin does (a multiply a score, not an IEEE division's ~10
 instructions and slow-path check). Temperature-only rows draw their Gumbel-max here, the noise
-only where a score can still win (sampling_common.noisy_pack), and so do top-p rows without
-top-k: their full-row winner (R_WINNER) is the token wherever the thresholds keep it
-(sampling_draw.py). It costs the noise of a temperature row in this pass (106.6 -> 154.3 us at
-batch 256 on an H100) and saves the split, the select and the draw's read of the row for most
-rows.
+only where a score can still win (sampling_common.noisy_offer), and so do top-p rows without
+top-k, keeping their three best noisy scores: the first of them the thresholds keep is the token
+(sampling_linear.py, sampling_draw.py). It costs the noise of a temperature row in this pass
+(106.6 -> 154.3 us at batch 256 on an H100, with the noise bound of ~65 instructions a score
+that noisy_offer has cut to ~27) and saves the split, the select and the draw's read of the row
+for all but about one row in a thousand.
+
+Each kind of row has a loop of its own (scan_scores, inlined with constant flags: a loop that
+carried all the paths kept their registers and branches in every group), and the groups that
+lie wholly in a block's share load at constant offsets from one address.
 Greedy rows and temperature-only rows finish here: each block offers its best (value,
 index) packed into one int64 (ordered key << 31 | (2**31 - 1 - index), so the max is the
 largest value at the smallest index) by atomic max to the row's slot, and the row's last
@@ -52,6 +57,7 @@ from gpu.kernels.sampling_common import (
     F_REPETITION,
     F_TEMPERATURE,
     F_TOP_P,
+    GROUP,
     I_BAN_ACTIVE,
     I_STATE_ROW,
     I_TOP_K,
@@ -72,6 +78,8 @@ from gpu.kernels.sampling_common import (
     R_PREFIX,
     R_REMAIN,
     R_SCALE,
+    R_SECOND,
+    R_THIRD,
     R_WINNER,
     R_Z,
     SLOTS,
@@ -82,10 +90,13 @@ from gpu.kernels.sampling_common import (
     finish_row,
     finite,
     last_block,
-    noisy_pack,
+    load_group,
+    load_tail,
+    noise_offset,
+    noisy_offer,
     pack,
     row_key,
-    warp_bar,
+    whole_groups_end,
 )
 from gpu.kernels.sampling_histogram import clear_bins, find_bin, flush_bins, read_histogram
 
@@ -117,10 +128,88 @@ def patch_chunk(logits, row, start, end, state, mask, state_row, ban, repetition
             logits[row, v] = apply_state(logits[row, v], cell, ban, repetition, presence, frequency)
 
 
+@device_function
+def take_group(xs, base, stop, inv_t, key, lo, cand, top, w1, w2, w3, offset, greedy, draws,
+               truncate, fold, tail):  # fmt: skip
+    """Pass 1 on one group of loaded scores, xs[u] at base + u * THREADS: the greedy argmax
+    (cand), the max of the finite scaled scores (top, for truncating rows), the Gumbel-max
+    (w1, for drawing rows; with the next two, w2 and w3, where they truncate) and top-k's first
+    digit (`fold`), as the constant flags ask. Only the row's last group (`tail`) has loads
+    past `stop`, set to -inf here."""
+    for u in range(UNROLL):
+        v = uint32(base + uint32(u * THREADS))
+        x = xs[u]
+        if tail:
+            x = x if v < stop else NEG_INF  # (a select: every load used before a branch)
+        if greedy:
+            if not tail or v < stop:
+                cand = max(cand, pack(x, v))
+        else:
+            x = x * inv_t
+            if draws:
+                w1, w2, w3 = noisy_offer(w1, w2, w3, x, v, key, offset, 3 if truncate else 1)
+                if truncate and x < -NEG_INF:  # (-inf leaves the max as it is; not NaN)
+                    top = max(top, x)
+            elif finite(x):
+                top = max(top, x)
+                if fold:  # a finite scaled score: its key's top 11 bits
+                    cuda.atomic.add(lo, ordered_key(x) >> 21, uint32(1))
+    return cand, top, w1, w2, w3
+
+
+@device_function
+def scan_scores(scores, start, end, inv_t, key, lo, greedy, draws, truncate, fold):
+    """One block's share of pass 1 over scores[start:end] (take_group on each group), as the
+    constant flags ask: (cand, top, w1, w2, w3). The groups that lie wholly in the share load
+    at constant offsets from one address (sampling_common.load_group), the last partial one
+    clamped."""
+    tid = cuda.threadIdx.x
+    cand = int64(NONE)  # greedy rows' argmax
+    top = NEG_INF  # truncating rows' max: a float max, one instruction a score
+    w1 = int64(NONE)
+    w2 = int64(NONE)
+    w3 = int64(NONE)
+    xs = cuda.local.array(UNROLL, float32)
+    whole = whole_groups_end(start, end)
+    stop = uint32(end)
+    offset = -NEG_INF  # noisy_offer's: every score offered in full until the warp has a bar
+    base = uint32(start) + uint32(tid)
+    while base < whole:  # block-uniform: noise_offset needs every lane
+        load_group(scores, base, xs)
+        cand, top, w1, w2, w3 = take_group(
+            xs, base, stop, inv_t, key, lo, cand, top, w1, w2, w3, offset, greedy, draws,
+            truncate, fold, False,
+        )  # fmt: skip
+        if draws:  # (the bar a score must pass: the best so far, or the third best)
+            offset = noise_offset(w3 if truncate else w1)
+        base = uint32(base + uint32(GROUP))
+    if whole < stop:  # the share's last group, partial
+        load_tail(scores, base, stop, xs)
+        cand, top, w1, w2, w3 = take_group(
+            xs, base, stop, inv_t, key, lo, cand, top, w1, w2, w3, offset, greedy, draws,
+            truncate, fold, True,
+        )  # fmt: skip
+    return cand, top, w1, w2, w3
+
+
+@device_function
+def offer_three(winner, runners, row, b1, b2, b3):
+    """A block's three best (b1 > b2 > b3) into the row's three slots (winner, runners[0],
+    runners[1]) by atomic max: each max passes its loser down to the next slot, so every value
+    but the row's best reaches the second, every value but the best two the third, whatever the
+    order the blocks come in. b2 and b3 enter lower down (b1 beats them: they would be passed
+    down anyway), with the loser they meet there: three atomics a block."""
+    lose = min(cuda.atomic.max(winner, row, b1), b1)
+    down = min(lose, b2)  # (two above it already: at most third)
+    up = max(lose, b2)
+    lose = min(cuda.atomic.max(runners, (0, row), up), up)
+    cuda.atomic.max(runners, (1, row), max(max(lose, down), b3))
+
+
 @cuda.jit(cache=True)
 def scores_kernel(
-    logits, chunk_len, fparams, iparams, uparams, state, mask, ticket, best, winner, rowf, rowi,
-    hist, out, ring, ring_slot,
+    logits, chunk_len, fparams, iparams, uparams, state, mask, ticket, best, winner, runners,
+    rowf, rowi, hist, out, ring, ring_slot,
 ):  # fmt: skip
     grid_dependency_sync()
     buf = cuda.shared.array(SLOTS, int64)
@@ -156,53 +245,50 @@ def scores_kernel(
         )  # fmt: skip
     cuda.syncthreads()
 
-    # draws: the row's full-row Gumbel-max is taken here, into wcand. Temperature-only rows
+    # draws: the row's full-row Gumbel-max is taken here, into w1. Temperature-only rows
     # finish with it; top-p rows without top-k keep it for the early exits (sampling_draw.py:
     # it is their token whenever the thresholds keep it, at least top_p of the time, as the
-    # nucleus holds top_p of the mass). Not min-p alone: a flat row keeps a sliver of its mass
-    # (~10% at min_p 0.1 on random weights), and its noise here would cost more than it saves.
+    # nucleus holds top_p of the mass), and the next two noisy scores (w2, w3: the first of the
+    # three the nucleus keeps is the token, which leaves about one row in a thousand to the
+    # exact cut instead of one in ten; sampling_linear.py). Not min-p alone: a flat row keeps
+    # a sliver of its mass (~10% at min_p 0.1 on random weights), and its noise here would
+    # cost more than it saves.
     draws = not greedy and (not truncate or (top_k == 0 and top_p < 1))
-    cand = int64(NONE)  # greedy rows' argmax
-    top = NEG_INF  # truncating rows' max: a float max, one instruction a score
-    wcand = int64(NONE)
-    xs = cuda.local.array(UNROLL, float32)
     scores = logits[row]  # one row's view: 32-bit offsets from its start, not [row, v]
-    stop = uint32(end)
-    stride = uint32(cuda.blockDim.x)
-    last = uint32(stop - uint32(1))  # (uint32 - uint32 widens to 64 bits in Numba)
-    bar = NEG_INF  # the best noisy score of the warp so far (sampling_common.noisy_pack)
-    base0 = uint32(start)
-    while base0 < stop:  # block-uniform: warp_bar needs every lane
-        base = uint32(base0 + uint32(tid))
-        for u in range(UNROLL):  # every load of the group in flight at once
-            xs[u] = scores[min(uint32(base + uint32(u) * stride), last)]
-        for u in range(UNROLL):
-            v = uint32(base + uint32(u) * stride)
-            x = xs[u] if v < stop else NEG_INF  # (a select: every load used before a branch)
-            if not greedy:
-                x = x * inv_t
-            if (greedy and v < stop) or finite(x):
-                if draws:
-                    wcand = max(wcand, noisy_pack(x, v, key, bar))
-                if greedy:
-                    cand = max(cand, pack(x, v))
-                elif truncate:
-                    top = max(top, x)
-                    if fold:  # a finite scaled score: its key's top 11 bits
-                        cuda.atomic.add(lo, ordered_key(x) >> 21, uint32(1))
-        if draws:
-            bar = warp_bar(wcand)
-        base0 = uint32(base0 + stride * uint32(UNROLL))
+    # One loop for each kind of row, the flags constants at each call (scan_scores is inlined):
+    # a loop that carried all three paths kept their registers and branches in every group.
+    if greedy:
+        cand, top, w1, w2, w3 = scan_scores(
+            scores, start, end, inv_t, key, lo, True, False, False, False
+        )  # fmt: skip
+    elif draws and truncate:  # top-p: the three best and the max
+        cand, top, w1, w2, w3 = scan_scores(
+            scores, start, end, inv_t, key, lo, False, True, True, False
+        )  # fmt: skip
+    elif draws:  # temperature alone: the token
+        cand, top, w1, w2, w3 = scan_scores(
+            scores, start, end, inv_t, key, lo, False, True, False, False
+        )  # fmt: skip
+    else:
+        cand, top, w1, w2, w3 = scan_scores(
+            scores, start, end, inv_t, key, lo, False, False, True, fold
+        )  # fmt: skip
     if truncate and top > NEG_INF:
         cand = pack(top, 0)
-    if greedy or truncate:  # (block-uniform; temperature-only rows have only wcand)
+    if greedy or truncate:  # (block-uniform; temperature-only rows have only w1)
         cand = block_max(buf, cand)
         if tid == 0 and cand >= 0:
             cuda.atomic.max(best, row, cand)
     if draws:
-        wcand = block_max(buf, wcand)
-        if tid == 0 and wcand >= 0:
-            cuda.atomic.max(winner, row, wcand)
+        b1 = block_max(buf, w1)
+        if not truncate:
+            if tid == 0 and b1 >= 0:
+                cuda.atomic.max(winner, row, b1)
+        else:  # the block's three best: each thread offers its best the block has not taken
+            b2 = block_max(buf, w2 if w1 == b1 else w1)
+            b3 = block_max(buf, w1 if w1 != b1 and w1 != b2 else (w2 if w2 != b2 else w3))
+            if tid == 0 and b1 >= 0:
+                offer_three(winner, runners, row, b1, b2, b3)
     if fold:
         cuda.syncthreads()
         flush_bins(lo, hi, hist, row, BINS)
@@ -211,6 +297,8 @@ def scores_kernel(
     if tid == 0:
         packed = cuda.atomic.exch(best, row, int64(NONE))
         won = cuda.atomic.exch(winner, row, int64(NONE))
+        w2 = cuda.atomic.exch(runners, (0, row), int64(NONE))
+        w3 = cuda.atomic.exch(runners, (1, row), int64(NONE))
         if not truncate:
             rowi[R_MODE, row] = 0
             finish_row(row, packed if greedy else won, state_row, state, mask, out, ring, ring_slot)
@@ -230,6 +318,8 @@ def scores_kernel(
             if draws:
                 mode |= MODE_EARLY
             rowi[R_WINNER, row] = won
+            rowi[R_SECOND, row] = w2
+            rowi[R_THIRD, row] = w3
             rowi[R_MODE, row] = mode
             rowi[R_PREFIX, row] = 0
             rowi[R_REMAIN, row] = 0

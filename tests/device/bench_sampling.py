@@ -185,6 +185,7 @@ def passes(logits, f, i, u, state, mask, scratch, out, ring, slot) -> list:
             s.ticket,
             s.best,
             s.winner,
+            s.runners,
             s.rowf,
             s.rowi,
             s.hist,
