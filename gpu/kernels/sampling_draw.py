@@ -45,6 +45,7 @@ from gpu.kernels.sampling_common import (
     finish_row,
     kept,
     last_block,
+    load_ahead,
     load_group,
     load_tail,
     noise_offset,
@@ -53,6 +54,7 @@ from gpu.kernels.sampling_common import (
     row_bounds,
     row_key,
     whole_groups_end,
+    whole_pairs_end,
 )
 
 
@@ -78,19 +80,32 @@ def scan_row_draw(scores, start, end, key, top, min_bound, kth, scale, p_t, z):
     pass's loop, sampling_scores.scan_scores)."""
     cand = int64(NONE)
     offset = -NEG_INF  # noisy_offer's: every score offered in full until the warp has a bar
-    xs = cuda.local.array(UNROLL, float32)
+    xa = cuda.local.array(UNROLL, float32)
+    xb = cuda.local.array(UNROLL, float32)
     whole = whole_groups_end(start, end)
     stop = uint32(end)
     base = uint32(start) + uint32(cuda.threadIdx.x)
-    while base < whole:  # block-uniform, for noise_offset
-        load_group(scores, base, xs)
-        cand = draw_group(xs, base, stop, key, top, min_bound, kth, scale, p_t, z, cand, offset,
+    pairs = whole_pairs_end(start, end)
+    if base < whole:
+        load_group(scores, base, xa)
+    while base < pairs:  # block-uniform (noise_offset); two groups a turn (whole_pairs_end)
+        load_group(scores, uint32(base + uint32(GROUP)), xb)
+        cand = draw_group(xa, base, stop, key, top, min_bound, kth, scale, p_t, z, cand, offset,
+                          False)  # fmt: skip
+        offset = noise_offset(cand)
+        load_ahead(scores, uint32(base + uint32(2 * GROUP)), whole, xa)
+        cand = draw_group(xb, uint32(base + uint32(GROUP)), stop, key, top, min_bound, kth, scale,
+                          p_t, z, cand, offset, False)  # fmt: skip
+        offset = noise_offset(cand)
+        base = uint32(base + uint32(2 * GROUP))
+    if base < whole:  # an odd whole group, loaded
+        cand = draw_group(xa, base, stop, key, top, min_bound, kth, scale, p_t, z, cand, offset,
                           False)  # fmt: skip
         offset = noise_offset(cand)
         base = uint32(base + uint32(GROUP))
     if whole < stop:  # the last, partial group
-        load_tail(scores, base, stop, xs)
-        cand = draw_group(xs, base, stop, key, top, min_bound, kth, scale, p_t, z, cand, offset,
+        load_tail(scores, base, stop, xa)
+        cand = draw_group(xa, base, stop, key, top, min_bound, kth, scale, p_t, z, cand, offset,
                           True)  # fmt: skip
     return cand
 

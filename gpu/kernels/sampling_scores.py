@@ -90,6 +90,7 @@ from gpu.kernels.sampling_common import (
     finish_row,
     finite,
     last_block,
+    load_ahead,
     load_group,
     load_tail,
     noise_offset,
@@ -97,6 +98,7 @@ from gpu.kernels.sampling_common import (
     pack,
     row_key,
     whole_groups_end,
+    whole_pairs_end,
 )
 from gpu.kernels.sampling_histogram import clear_bins, find_bin, flush_bins, read_histogram
 
@@ -158,35 +160,63 @@ def take_group(xs, base, stop, inv_t, key, lo, cand, top, w1, w2, w3, offset, gr
 
 
 @device_function
+def scores_step(xs, base, stop, inv_t, key, lo, cand, top, w1, w2, w3, offset, greedy, draws,
+                truncate, fold, tail):  # fmt: skip
+    """take_group on one group, then the bar for the next (noise_offset: the best so far, or
+    the third best)."""
+    cand, top, w1, w2, w3 = take_group(
+        xs, base, stop, inv_t, key, lo, cand, top, w1, w2, w3, offset, greedy, draws, truncate,
+        fold, tail,
+    )  # fmt: skip
+    if draws:
+        offset = noise_offset(w3 if truncate else w1)
+    return cand, top, w1, w2, w3, offset
+
+
+@device_function
 def scan_scores(scores, start, end, inv_t, key, lo, greedy, draws, truncate, fold):
     """One block's share of pass 1 over scores[start:end] (take_group on each group), as the
     constant flags ask: (cand, top, w1, w2, w3). The groups that lie wholly in the share load
-    at constant offsets from one address (sampling_common.load_group), the last partial one
-    clamped."""
+    at constant offsets from one address (sampling_common.load_group), two arrays in turn:
+    the next group's loads in flight while this one is scanned (load_ahead); the last partial
+    group clamped."""
     tid = cuda.threadIdx.x
     cand = int64(NONE)  # greedy rows' argmax
     top = NEG_INF  # truncating rows' max: a float max, one instruction a score
     w1 = int64(NONE)
     w2 = int64(NONE)
     w3 = int64(NONE)
-    xs = cuda.local.array(UNROLL, float32)
+    xa = cuda.local.array(UNROLL, float32)
+    xb = cuda.local.array(UNROLL, float32)
     whole = whole_groups_end(start, end)
     stop = uint32(end)
     offset = -NEG_INF  # noisy_offer's: every score offered in full until the warp has a bar
     base = uint32(start) + uint32(tid)
-    while base < whole:  # block-uniform: noise_offset needs every lane
-        load_group(scores, base, xs)
-        cand, top, w1, w2, w3 = take_group(
-            xs, base, stop, inv_t, key, lo, cand, top, w1, w2, w3, offset, greedy, draws,
+    pairs = whole_pairs_end(start, end)
+    if base < whole:
+        load_group(scores, base, xa)
+    while base < pairs:  # block-uniform: noise_offset needs every lane
+        load_group(scores, uint32(base + uint32(GROUP)), xb)
+        cand, top, w1, w2, w3, offset = scores_step(
+            xa, base, stop, inv_t, key, lo, cand, top, w1, w2, w3, offset, greedy, draws,
             truncate, fold, False,
         )  # fmt: skip
-        if draws:  # (the bar a score must pass: the best so far, or the third best)
-            offset = noise_offset(w3 if truncate else w1)
+        load_ahead(scores, uint32(base + uint32(2 * GROUP)), whole, xa)
+        cand, top, w1, w2, w3, offset = scores_step(
+            xb, uint32(base + uint32(GROUP)), stop, inv_t, key, lo, cand, top, w1, w2, w3,
+            offset, greedy, draws, truncate, fold, False,
+        )  # fmt: skip
+        base = uint32(base + uint32(2 * GROUP))
+    if base < whole:  # an odd whole group, loaded
+        cand, top, w1, w2, w3, offset = scores_step(
+            xa, base, stop, inv_t, key, lo, cand, top, w1, w2, w3, offset, greedy, draws,
+            truncate, fold, False,
+        )  # fmt: skip
         base = uint32(base + uint32(GROUP))
     if whole < stop:  # the share's last group, partial
-        load_tail(scores, base, stop, xs)
+        load_tail(scores, base, stop, xa)
         cand, top, w1, w2, w3 = take_group(
-            xs, base, stop, inv_t, key, lo, cand, top, w1, w2, w3, offset, greedy, draws,
+            xa, base, stop, inv_t, key, lo, cand, top, w1, w2, w3, offset, greedy, draws,
             truncate, fold, True,
         )  # fmt: skip
     return cand, top, w1, w2, w3
