@@ -47,13 +47,15 @@ it was: the radix digits run over the whole row, with the same result (the Gumbe
 row is a max: taking part of it twice changes nothing). Rows already compact after top-k skip
 these passes: the radix digits read their copy.
 
-The passes are bound by the instructions a score costs, not by HBM (ncu: SM throughput ~62%,
-DRAM 20-38%), so their loops are kept lean: the accept test's sums replace a histogram's two
-shared-memory atomics a score (the returning one on the loop's critical path); offsets and bins
-are 32-bit from the row's start, and whole groups load at constant offsets from one address
-(the accept loop 148 -> 122 SASS instructions a group of four scores, before its third
-candidate); the split draws noise only where a score can still win
-(sampling_common.noisy_offer). The histogram pass and the split read only the rows listed, the
+The passes ran at a third of HBM's bandwidth (ncu: DRAM 20-38%), on the instructions a score
+costs and on loads waited out with nothing else in flight, so their loops are kept lean and
+their loads ahead: the accept test's sums replace a histogram's two shared-memory atomics a
+score (the returning one on the loop's critical path) and take every score without a branch
+(a dropped score is set to -inf, whose mass is 0); fixed_mass is one FFMA and one ex2.approx;
+offsets and bins are 32-bit from the row's start; whole groups load at constant offsets from
+one address, the next group's loads issued before this one is scanned (the accept loop: 155
+-> 97 SASS instructions a group of four scores, sass_count); the split draws noise only where
+a score can still win (sampling_common.noisy_offer). The histogram pass and the split read only the rows listed, the
 whole grid spread over them: on their own one or two blocks a row at batch 256, the split took
 as long as over every row (160 us; 36 spread).
 """
