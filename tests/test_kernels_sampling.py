@@ -658,6 +658,36 @@ def test_block_best_keeps_the_n_largest_whatever_the_order(n):
     assert (bars[0] > NONE).any()  # the bar does rise: seeded from the first values
 
 
+@cuda.jit
+def _fixed_mass_kernel(xs, top, out):
+    i = cuda.grid(1)
+    if i < xs.shape[0]:
+        out[i] = sampling_common.fixed_mass(xs[i], sampling_common.mass_origin(top))
+
+
+def test_fixed_mass_is_exp_in_fixed_point():
+    """fixed_mass(x, mass_origin(top)) against float64 exp(x - top) * 2**44, for |top| <= 30
+    and scores down to 35 under it: within one unit (the truncation) and 3e-6 relatively (the
+    origin's rounding, a factor common to the row, and the ex2 argument's, larger far under
+    the max); -inf has no mass, and a row with no finite score (top -inf) gives 0, not NaN's
+    garbage."""
+    rng, seed = fresh_rng()
+    top = np.float32(rng.uniform(-30, 30))
+    xs = (top - rng.uniform(0, 35, 4096)).astype(np.float32)
+    xs[:3] = [top, -np.inf, np.nextafter(top, np.float32(-np.inf))]
+    got = poisoned((len(xs),), np.int64)
+    _fixed_mass_kernel[len(xs) // 128, 128](cuda.to_device(xs), top, got)
+    got = synced(got)
+    want = np.exp(xs.astype(np.float64) - np.float64(top)) * 2.0**44
+    assert got[1] == 0, f"KERNEL_TEST_SEED={seed}"
+    live = np.isfinite(xs)
+    err = np.abs(got[live] - want[live]) - 1.0  # (truncation: up to one unit)
+    assert (err <= 3e-6 * want[live]).all(), f"KERNEL_TEST_SEED={seed}"
+    empty = poisoned((4,), np.int64)
+    _fixed_mass_kernel[1, 4](cuda.to_device(np.full(4, -np.inf, np.float32)), -np.inf, empty)
+    assert (synced(empty) == 0).all()
+
+
 def _key_values(keys: np.ndarray) -> np.ndarray:
     """bf16.key_to_f32 on the host: the float32 values of ordered keys."""
     keys = keys.astype(np.int64)

@@ -55,9 +55,9 @@ score (the returning one on the loop's critical path) and take every score witho
 offsets and bins are 32-bit from the row's start; whole groups load at constant offsets from
 one address, the next group's loads issued before this one is scanned (the accept loop: 155
 -> 97 SASS instructions a group of four scores, sass_count); the split draws noise only where
-a score can still win (sampling_common.noisy_offer). The histogram pass and the split read only the rows listed, the
-whole grid spread over them: on their own one or two blocks a row at batch 256, the split took
-as long as over every row (160 us; 36 spread).
+a score can still win (sampling_common.noisy_offer). The histogram pass and the split read
+only the rows listed, the whole grid spread over them: on their own one or two blocks a row at
+batch 256, the split took as long as over every row (160 us; 36 spread).
 """
 
 from __future__ import annotations
