@@ -257,9 +257,9 @@ def insert_best(slots, p, n):
 def shared_offset(slots, n):
     """noisy_offer's offset for the block's n-th best noisy score so far (slots[n - 1]). The
     block's best n, not each warp's, make the bar: with the warp's max of its lanes' third
-    best, about one warp step in four of a flat row (128k logits of std 1.3, 256 threads)
-    had a lane whose score passed, and the whole warp took the noise and the insert; with
-    the block's third best, one in forty (a numpy model of the loop)."""
+    best, 24% of the warp steps over a flat row (a block's 64k logits of std 1.3, 256
+    threads) had a lane whose score passed, and the whole warp took the noise; with the
+    block's third best, 3% (docs/examples/noise_bar.py, a numpy model of the loop)."""
     cand = slots[n - 1]
     return bar_offset(key_to_f32(cand >> 31) if cand >= 0 else NEG_INF)
 
