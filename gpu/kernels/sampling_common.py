@@ -388,11 +388,10 @@ def whole_pairs_end(start, end):
 def load_ahead(scores, base, whole, xs):
     """load_group for the group at base if it is whole (base < whole), else again for the one
     before it (a valid address; no branch around the loads). A group loop loads the next
-    group into one array while it scans the other, its loads in flight under the scan: loaded
-    where it was scanned, a group's loads waited out their latency with no other load of the
-    warp in flight. (The pairs keep the loads where they are written: with a loop of one group
-    and a conditional second, LLVM sank the next group's loads into the branch that used
-    them, after the scan they should overlap.)"""
+    group into one array while it scans the other, so a warp always has loads in flight under
+    its arithmetic. It takes two groups a turn (whole_pairs_end) because a loop of one group
+    and a conditional second lets LLVM sink the next group's loads into the branch that uses
+    them, after the scan they should overlap."""
     load_group(scores, base if base < whole else uint32(base - uint32(GROUP)), xs)
 
 
