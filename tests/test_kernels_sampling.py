@@ -606,6 +606,88 @@ def test_noisy_offer_skips_only_what_cannot_reach_the_bar():
     assert np.array_equal(kept_three, four[:, :3]), f"KERNEL_TEST_SEED={seed}"
 
 
+@cuda.jit
+def _block_best_kernel(values, firsts, n, out, bars):
+    """Each block: every thread seeds the block's best n with its own three best (as after a
+    first group, seed_block_best), then inserts its other values one by one (insert_best),
+    reading the bar (slots[n - 1]) before each: the bar it read must never exceed the n-th
+    largest value inserted before it."""
+    slots = cuda.shared.array(3, np.int64)
+    b = cuda.blockIdx.x
+    t = cuda.threadIdx.x
+    if t < 3:
+        slots[t] = NONE
+    cuda.syncthreads()
+    f = firsts[b, t]
+    sampling_common.seed_block_best(slots, f[0], f[1], f[2], n)
+    for j in range(values.shape[2]):
+        bars[b, t, j] = slots[n - 1]
+        sampling_common.insert_best(slots, values[b, t, j], n)
+    cuda.syncthreads()
+    if t < 3:
+        out[b, t] = slots[t]
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_block_best_keeps_the_n_largest_whatever_the_order(n):
+    """insert_best from every thread of a block at once (and seed_block_best's warp merge on
+    the GPU) leaves the block's n largest values in order, whatever order the atomics land
+    in; every bar a thread read on the way was a value with n - 1 others at least as large.
+    Blocks of distinct values, and blocks with only NONE (a row of -inf) or few values."""
+    rng, seed = fresh_rng()
+    blocks, threads, each = 6, 64, 5
+    values = rng.choice(2**40, blocks * threads * each, replace=False).reshape(
+        blocks, threads, each
+    )
+    values = values.astype(np.int64)
+    values[1] = NONE  # nothing offered
+    values[2, 1:] = NONE  # one thread's values only
+    firsts = np.sort(values[:, :, :3], axis=2)[:, :, ::-1].copy()  # each thread's own, best first
+    if n == 1:
+        firsts[:, :, 1:] = NONE
+    rest = values[:, :, 3:].copy()
+    out, bars = poisoned((blocks, 3), np.int64), poisoned(rest.shape, np.int64)
+    _block_best_kernel[blocks, threads](
+        cuda.to_device(rest), cuda.to_device(firsts), n, out, bars
+    )  # fmt: skip
+    got, bars = synced(out), synced(bars)
+    pool = np.concatenate([firsts[:, :, :n].reshape(blocks, -1), rest.reshape(blocks, -1)], 1)
+    want = np.sort(pool, axis=1)[:, ::-1][:, :n]
+    assert np.array_equal(got[:, :n], want), f"KERNEL_TEST_SEED={seed}"
+    assert (bars <= want[:, n - 1][:, None, None]).all(), f"KERNEL_TEST_SEED={seed}"
+    assert (bars[0] > NONE).any()  # the bar does rise: seeded from the first values
+
+
+@cuda.jit
+def _fixed_mass_kernel(xs, top, out):
+    i = cuda.grid(1)
+    if i < xs.shape[0]:
+        out[i] = sampling_common.fixed_mass(xs[i], sampling_common.mass_origin(top))
+
+
+def test_fixed_mass_is_exp_in_fixed_point():
+    """fixed_mass(x, mass_origin(top)) against float64 exp(x - top) * 2**44, for |top| <= 30
+    and scores down to 35 under it: within one unit (the truncation) and 3e-6 relatively (the
+    origin's rounding, a factor common to the row, and the ex2 argument's, larger far under
+    the max); -inf has no mass, and a row with no finite score (top -inf) gives 0, not NaN's
+    garbage."""
+    rng, seed = fresh_rng()
+    top = np.float32(rng.uniform(-30, 30))
+    xs = (top - rng.uniform(0, 35, 4096)).astype(np.float32)
+    xs[:3] = [top, -np.inf, np.nextafter(top, np.float32(-np.inf))]
+    got = poisoned((len(xs),), np.int64)
+    _fixed_mass_kernel[len(xs) // 128, 128](cuda.to_device(xs), top, got)
+    got = synced(got)
+    want = np.exp(xs.astype(np.float64) - np.float64(top)) * 2.0**44
+    assert got[1] == 0, f"KERNEL_TEST_SEED={seed}"
+    live = np.isfinite(xs)
+    err = np.abs(got[live] - want[live]) - 1.0  # (truncation: up to one unit)
+    assert (err <= 3e-6 * want[live]).all(), f"KERNEL_TEST_SEED={seed}"
+    empty = poisoned((4,), np.int64)
+    _fixed_mass_kernel[1, 4](cuda.to_device(np.full(4, -np.inf, np.float32)), -np.inf, empty)
+    assert (synced(empty) == 0).all()
+
+
 def _key_values(keys: np.ndarray) -> np.ndarray:
     """bf16.key_to_f32 on the host: the float32 values of ordered keys."""
     keys = keys.astype(np.int64)

@@ -41,8 +41,9 @@ CUDA graph; THREADS threads a block, which the histogram loops assume):
    the row), else the Gumbel-max over what they keep; the last block finishes the row.
 
 Every Gumbel-max (temperature rows in pass 1, top-p's scores above the cut bin in pass 3, the
-draw in pass 5) takes the noise only where a score can still beat its warp's best noisy score
-(sampling_common.noisy_offer): the same token, without two logarithms for most of the row.
+draw in pass 5) takes the noise only where a score can still beat the block's best noisy scores
+so far (sampling_common.noisy_offer, insert_best; the split, which runs for few rows, its
+warp's): the same token, without two logarithms for most of the row.
 
 What they share (sampling_common.py): the row layouts below, the packed (value, index) max, the
 "last block done" merge across a row's blocks, the counter-based uniforms; the radix

@@ -190,9 +190,9 @@ def bar_offset(bar):
 def noisy_offer(c1, c2, c3, x, v, key, offset, n):
     """Offer pack(x + gumbel(key, v), v) for a finite x to the best `n` so far (n, a constant:
     1, c1 the max; or 3, c1 >= c2 >= c3 the three best), returned as (c1, c2, c3); unchanged
-    where x + noise provably stays under the bar that offset was made from (noise_offset: a
-    noisy score this warp has already reached n times, so x cannot be among the row's best n),
-    or x is not finite.
+    where x + noise provably stays under the bar that offset was made from (noise_offset or
+    shared_offset: a noisy score the row has already reached n times, so x cannot be among
+    the row's best n), or x is not finite.
 
     Most scores of a row cannot win, and the two logarithms are most of a draw's cost. Let
     need = bar - x - slack: g > need <=> E = -log(u) < c = exp(-need) <=> 1 - u < 1 - exp(-c),
@@ -200,28 +200,111 @@ def noisy_offer(c1, c2, c3, x, v, key, offset, n):
     c' = 2**(x * L2E + offset) = 1.001 c (one FFMA and one ex2.approx, whose error the 1.001
     covers a thousand times over): d >= c' means g <= need, so x + g stays under the bar and
     the max, and the token drawn, are the exact computation's. c' >= 1 > d wherever need <= 0,
-    c' = 0 for x = -inf, and no comparison holds for NaN. Where c' < SKIP_CAP, need exceeds
-    NOISE_CAP, above any noise: no hash at all (the far tail of a peaked row). A flat row's
-    common path is then one FFMA, one ex2, the hash and a compare a score (sass_count: ~27
-    instructions a score with the load, against ~65 with the bound's exp and slack per score
-    and the packed max on every path); the offer itself, branch-free maxes, only where a score
-    passes."""
+    c' = 0 for x = -inf (NaN before any bar, offset +inf: no comparison holds for NaN), so only
+    +inf needs a test of its own. Where c' < SKIP_CAP, need exceeds NOISE_CAP, above any noise:
+    no hash at all (the far tail of a peaked row). A flat row's common path is then one FFMA,
+    one ex2, the hash and two compares a score (sass_count: ~27 instructions a score with the
+    load, against ~65 with the bound's exp and slack per score and the packed max on every
+    path); the offer itself, branch-free maxes, only where a score passes."""
     c = ex2_approx(x * L2E + offset)
     if c >= SKIP_CAP:
         bits = noise_bits(key, v)
         # 1 - u = (m + 1/2) / 2**23 with m = 2**23 - 1 - bits: at least m / 2**23, which is
         # 1.m - 1 exactly, the float with m as its mantissa (a bit cast, no conversion).
         d = bits_f32(uint32(0x3F800000) | (uint32(0x7FFFFF) - uint32(bits))) - float32(1.0)
-        if d < c and finite(x):
-            p = pack(x + gumbel_of(bits), v)
-            if n == 3:  # p bubbles down the three (no branch: no register copies)
-                lose = min(c1, p)
-                c1 = max(c1, p)
-                c3 = max(c3, min(c2, lose))
-                c2 = max(c2, lose)
-            else:
-                c1 = max(c1, p)
+        if d < c and x < -NEG_INF:
+            c1, c2, c3 = bubble(c1, c2, c3, pack(x + gumbel_of(bits), v), n)
     return c1, c2, c3
+
+
+@device_function
+def bubble(c1, c2, c3, p, n):
+    """p into the best n (c1 >= c2 >= c3; n a constant, 1 or 3), bubbled down without a
+    branch (no register copies)."""
+    if n == 3:
+        lose = min(c1, p)
+        c1 = max(c1, p)
+        c3 = max(c3, min(c2, lose))
+        c2 = max(c2, lose)
+    else:
+        c1 = max(c1, p)
+    return c1, c2, c3
+
+
+@device_function
+def noisy_insert(slots, x, v, key, offset, n):
+    """noisy_offer into the block's best n in shared memory (insert_best), not the thread's."""
+    p, _, _ = noisy_offer(int64(NONE), int64(NONE), int64(NONE), x, v, key, offset, 1)
+    if p >= 0:
+        insert_best(slots, p, n)
+
+
+@device_function
+def insert_best(slots, p, n):
+    """p into the block's best n (n a constant, 1 or 3; slots[0] >= slots[1] >= slots[2], int64
+    in shared memory, NONE when empty) by atomic max, each max passing its loser down: every
+    value but the largest reaches slots[1], every value but the largest two slots[2], whatever
+    the order the threads come in. At any moment slots[n - 1] holds a value with n - 1 other
+    values inserted at least as large (it lost to them on its way down), so it is a bar: a
+    score under it is not among the row's best n."""
+    lose = min(cuda.atomic.max(slots, 0, p), p)
+    if n == 3:
+        lose = min(cuda.atomic.max(slots, 1, lose), lose)
+        cuda.atomic.max(slots, 2, lose)
+
+
+@device_function
+def shared_offset(slots, n):
+    """noisy_offer's offset for the block's n-th best noisy score so far (slots[n - 1]). The
+    block's best n, not each warp's, make the bar: with the warp's max of its lanes' third
+    best, 24% of the warp steps over a flat row (a block's 64k logits of std 1.3, 256
+    threads) had a lane whose score passed, and the whole warp took the noise; with the
+    block's third best, 3% (docs/examples/noise_bar.py, a numpy model of the loop)."""
+    cand = slots[n - 1]
+    return bar_offset(key_to_f32(cand >> 31) if cand >= 0 else NEG_INF)
+
+
+if SIMULATOR:
+
+    @device_function
+    def warp_best(c1, c2, c3, n):
+        """The simulator's twin of warp_best below: the thread's own (no shuffles)."""
+        return c1, c2, c3
+
+else:
+
+    @device_function
+    def warp_best(c1, c2, c3, n):
+        """The warp's best n of its lanes' (c1 >= c2 >= c3), in every lane: a butterfly of
+        shuffles, each lane bubbling its partner's values into its own (the two sets are of
+        disjoint lanes at every step). Every lane of the warp calls it."""
+        m = 16
+        while m > 0:
+            p1 = cuda.shfl_xor_sync(0xFFFFFFFF, c1, m)
+            if n == 3:
+                p2 = cuda.shfl_xor_sync(0xFFFFFFFF, c2, m)
+                p3 = cuda.shfl_xor_sync(0xFFFFFFFF, c3, m)
+            c1, c2, c3 = bubble(c1, c2, c3, p1, n)
+            if n == 3:
+                c1, c2, c3 = bubble(c1, c2, c3, p2, n)
+                c1, c2, c3 = bubble(c1, c2, c3, p3, n)
+            m //= 2
+        return c1, c2, c3
+
+
+@device_function
+def seed_block_best(slots, w1, w2, w3, n):
+    """After each thread's first group, offered whole to its own best n (no bar yet): the
+    warp's best n of those (warp_best) into the block's (insert_best), whose n-th is the bar
+    from then on (shared_offset). Every thread of the block calls it (a syncthreads, so that
+    the first bar is the whole block's)."""
+    w1, w2, w3 = warp_best(w1, w2, w3, n)
+    if SIMULATOR or cuda.laneid == 0:  # (no shuffles in the simulator: every thread's own)
+        insert_best(slots, w1, n)
+        if n == 3:
+            insert_best(slots, w2, n)
+            insert_best(slots, w3, n)
+    cuda.syncthreads()
 
 
 @device_function
@@ -236,12 +319,24 @@ def kept(x, min_bound, kth):
 
 
 @device_function
-def fixed_mass(x, top):
-    """A kept score's mass exp(x - top) in fixed point (MASS_SCALE units, truncated): every
-    top-p pass sums these same integers, so its sums are exact and in any order the same.
-    exp(...) * 2**44 is exact in float32 (a power of two), so one conversion makes the integer
-    (a float64 product and its rounding took three of the slow conversion unit's a score)."""
-    return int64(float32(math.exp(x - top)) * MASS_UNIT)
+def fixed_mass(x, top_l2e):
+    """A kept score's mass exp(x - top) in fixed point (MASS_SCALE units, truncated), as
+    2**(x * L2E - top_l2e) by one FFMA and one ex2.approx (mass_origin: top_l2e): every top-p
+    pass sums these same integers, so its sums are exact and in any order the same. The float32
+    result times 2**44 is exact (a power of two), so one conversion makes the integer. A score
+    of -inf has no mass (ex2 of -inf is 0). libdevice's expf took 9 instructions for its range
+    reduction where this takes 2 (sass_count). The relative error, within 3e-6 for |top| <= 30
+    (test_fixed_mass_is_exp_in_fixed_point), is mostly the origin's rounding, one factor for
+    the whole row, which moves no cut; the rest, the argument's, is the order of the float32
+    probabilities the twin sums."""
+    return int64(ex2_approx(x * L2E - top_l2e) * MASS_UNIT)
+
+
+@device_function
+def mass_origin(top):
+    """top * L2E, fixed_mass's origin for a row whose max is top (0 for a row with no finite
+    score: its scores are all -inf, and -inf - -inf would be NaN)."""
+    return top * L2E if finite(top) else float32(0.0)
 
 
 @device_function
@@ -279,6 +374,25 @@ def load_group(scores, base, xs):
     b = uint64(base)
     for u in range(UNROLL):
         xs[u] = scores[b + uint64(u * THREADS)]
+
+
+@device_function
+def whole_pairs_end(start, end):
+    """The end of the whole pairs of GROUPs from start in [start, end) (uint32): a group loop
+    takes two groups a turn, two arrays in turn, each one's loads issued while the other is
+    scanned (load_ahead); an odd whole group after the pairs, and the partial one, follow."""
+    return uint32(start + max(end - start, 0) // (2 * GROUP) * (2 * GROUP))
+
+
+@device_function
+def load_ahead(scores, base, whole, xs):
+    """load_group for the group at base if it is whole (base < whole), else again for the one
+    before it (a valid address; no branch around the loads). A group loop loads the next
+    group into one array while it scans the other, so a warp always has loads in flight under
+    its arithmetic. It takes two groups a turn (whole_pairs_end) because a loop of one group
+    and a conditional second lets LLVM sink the next group's loads into the branch that uses
+    them, after the scan they should overlap."""
+    load_group(scores, base if base < whole else uint32(base - uint32(GROUP)), xs)
 
 
 @device_function

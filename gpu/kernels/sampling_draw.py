@@ -45,21 +45,29 @@ from gpu.kernels.sampling_common import (
     finish_row,
     kept,
     last_block,
+    load_ahead,
     load_group,
     load_tail,
     noise_offset,
+    noisy_insert,
     noisy_offer,
     packed_index,
     row_bounds,
     row_key,
+    seed_block_best,
+    shared_offset,
     whole_groups_end,
+    whole_pairs_end,
 )
 
 
 @device_function
-def draw_group(xs, base, stop, key, top, min_bound, kth, scale, p_t, z, cand, offset, tail):
+def draw_group(xs, base, stop, key, top, min_bound, kth, scale, p_t, z, noisy, cand, offset,
+               first, tail):  # fmt: skip
     """The Gumbel-max over one group of a row's scores, xs[u] at base + u * THREADS, of those
-    the thresholds keep (only the last group, `tail`, has loads past `stop`)."""
+    the thresholds keep: into the block's best (`noisy`, sampling_common.noisy_insert), or in
+    the `first` group, which has no bar yet, the thread's own (cand). Only the last group,
+    `tail`, has loads past `stop`."""
     for u in range(UNROLL):
         v = uint32(base + uint32(u * THREADS))
         x = xs[u] * scale
@@ -67,32 +75,61 @@ def draw_group(xs, base, stop, key, top, min_bound, kth, scale, p_t, z, cand, of
             x = x if v < stop else NEG_INF
         if kept(x, min_bound, kth):
             if p_t == 0 or float32(math.exp(x - top)) / z >= p_t:
-                cand, _, _ = noisy_offer(cand, NONE, NONE, x, v, key, offset, 1)
+                if first:
+                    cand, _, _ = noisy_offer(cand, NONE, NONE, x, v, key, offset, 1)
+                else:
+                    noisy_insert(noisy, x, v, key, offset, 1)
     return cand
 
 
 @device_function
-def scan_row_draw(scores, start, end, key, top, min_bound, kth, scale, p_t, z):
-    """This thread's Gumbel-max over the kept scores of scores[start:end], the row itself: whole
-    groups loaded at constant offsets from one address, the last one clamped (as the scores
-    pass's loop, sampling_scores.scan_scores)."""
-    cand = int64(NONE)
-    offset = -NEG_INF  # noisy_offer's: every score offered in full until the warp has a bar
-    xs = cuda.local.array(UNROLL, float32)
+def draw_step(xs, base, stop, key, top, min_bound, kth, scale, p_t, z, noisy, offset, tail):
+    """draw_group on a group after the first, then the bar for the next (the block's best)."""
+    draw_group(xs, base, stop, key, top, min_bound, kth, scale, p_t, z, noisy, NONE, offset,
+               False, tail)  # fmt: skip
+    return shared_offset(noisy, 1)
+
+
+@device_function
+def scan_row_draw(scores, start, end, key, top, min_bound, kth, scale, p_t, z, noisy):
+    """The block's Gumbel-max over the kept scores of scores[start:end], the row itself, into
+    noisy[0] (as the scores pass's draws, sampling_scores.scan_scores: the first group to the
+    thread's own, then the block's best the bar): whole groups loaded at constant offsets from
+    one address, two arrays in turn, the last one clamped."""
+    tid = cuda.threadIdx.x
+    offset = -NEG_INF  # noisy_offer's: every score offered in full until the block has a bar
+    xa = cuda.local.array(UNROLL, float32)
+    xb = cuda.local.array(UNROLL, float32)
     whole = whole_groups_end(start, end)
     stop = uint32(end)
-    base = uint32(start) + uint32(cuda.threadIdx.x)
-    while base < whole:  # block-uniform, for noise_offset
-        load_group(scores, base, xs)
-        cand = draw_group(xs, base, stop, key, top, min_bound, kth, scale, p_t, z, cand, offset,
-                          False)  # fmt: skip
-        offset = noise_offset(cand)
+    first = start
+    if uint32(start) + uint32(tid) < whole:  # (block-uniform)
+        base = uint32(start) + uint32(tid)
+        load_group(scores, base, xa)
+        cand = draw_group(xa, base, stop, key, top, min_bound, kth, scale, p_t, z, noisy,
+                          int64(NONE), offset, True, False)  # fmt: skip
+        seed_block_best(noisy, cand, int64(NONE), int64(NONE), 1)
+        first = start + GROUP
+    offset = shared_offset(noisy, 1)
+    base = uint32(first) + uint32(tid)
+    pairs = whole_pairs_end(first, end)
+    if base < whole:
+        load_group(scores, base, xa)
+    while base < pairs:  # two groups a turn (whole_pairs_end)
+        load_group(scores, uint32(base + uint32(GROUP)), xb)
+        offset = draw_step(xa, base, stop, key, top, min_bound, kth, scale, p_t, z, noisy,
+                           offset, False)  # fmt: skip
+        load_ahead(scores, uint32(base + uint32(2 * GROUP)), whole, xa)
+        offset = draw_step(xb, uint32(base + uint32(GROUP)), stop, key, top, min_bound, kth,
+                           scale, p_t, z, noisy, offset, False)  # fmt: skip
+        base = uint32(base + uint32(2 * GROUP))
+    if base < whole:  # an odd whole group, loaded
+        offset = draw_step(xa, base, stop, key, top, min_bound, kth, scale, p_t, z, noisy, offset,
+                           False)  # fmt: skip
         base = uint32(base + uint32(GROUP))
     if whole < stop:  # the last, partial group
-        load_tail(scores, base, stop, xs)
-        cand = draw_group(xs, base, stop, key, top, min_bound, kth, scale, p_t, z, cand, offset,
-                          True)  # fmt: skip
-    return cand
+        load_tail(scores, base, stop, xa)
+        draw_step(xa, base, stop, key, top, min_bound, kth, scale, p_t, z, noisy, offset, True)
 
 
 @device_function
@@ -145,9 +182,15 @@ def gumbel_kernel(
     if compact:
         cand = scan_copy_draw(cand_val, cand_idx, row, start, end, key, top, min_bound, kth, scale,
                               p_t, z)  # fmt: skip
+        cand = block_max(buf, cand)
     else:
-        cand = scan_row_draw(logits[row], start, end, key, top, min_bound, kth, scale, p_t, z)
-    cand = block_max(buf, cand)
+        noisy = cuda.shared.array(1, int64)  # the block's best noisy score
+        if tid == 0:
+            noisy[0] = NONE
+        cuda.syncthreads()
+        scan_row_draw(logits[row], start, end, key, top, min_bound, kth, scale, p_t, z, noisy)
+        cuda.syncthreads()
+        cand = noisy[0]
     if tid == 0 and cand >= 0:
         cuda.atomic.max(best, row, cand)
     if last_block(ticket, row, flag) and tid == 0:

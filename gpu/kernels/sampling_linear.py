@@ -47,15 +47,17 @@ it was: the radix digits run over the whole row, with the same result (the Gumbe
 row is a max: taking part of it twice changes nothing). Rows already compact after top-k skip
 these passes: the radix digits read their copy.
 
-The passes are bound by the instructions a score costs, not by HBM (ncu: SM throughput ~62%,
-DRAM 20-38%), so their loops are kept lean: the accept test's sums replace a histogram's two
-shared-memory atomics a score (the returning one on the loop's critical path); offsets and bins
-are 32-bit from the row's start, and whole groups load at constant offsets from one address
-(the accept loop 148 -> 122 SASS instructions a group of four scores, before its third
-candidate); the split draws noise only where a score can still win
-(sampling_common.noisy_offer). The histogram pass and the split read only the rows listed, the
-whole grid spread over them: on their own one or two blocks a row at batch 256, the split took
-as long as over every row (160 us; 36 spread).
+The passes ran at a third of HBM's bandwidth (ncu: DRAM 20-38%), on the instructions a score
+costs and on loads waited out with nothing else in flight, so their loops are kept lean and
+their loads ahead: the accept test's sums replace a histogram's two shared-memory atomics a
+score (the returning one on the loop's critical path) and take every score without a branch
+(a dropped score is set to -inf, whose mass is 0); fixed_mass is one FFMA and one ex2.approx;
+offsets and bins are 32-bit from the row's start; whole groups load at constant offsets from
+one address, the next group's loads issued before this one is scanned (the accept loop: 155
+-> 97 SASS instructions a group of four scores, sass_count); the split draws noise only where
+a score can still win (sampling_common.noisy_offer). The histogram pass and the split read
+only the rows listed, the whole grid spread over them: on their own one or two blocks a row at
+batch 256, the split took as long as over every row (160 us; 36 spread).
 """
 
 from __future__ import annotations
@@ -99,14 +101,17 @@ from gpu.kernels.sampling_common import (
     last_block,
     last_of,
     listed_share,
+    load_ahead,
     load_group,
     load_tail,
+    mass_origin,
     noise_offset,
     noisy_offer,
     packed_index,
     row_bounds,
     row_key,
     whole_groups_end,
+    whole_pairs_end,
 )
 from gpu.kernels.sampling_histogram import (
     add_mass,
@@ -130,26 +135,26 @@ def linear_bin(top, x):
 
 
 @device_function
-def mass_group(xs, base, stop, top, min_bound, kth, scale, x1, x2, x3, lo, hi, z, a1, a2, a3,
+def mass_group(xs, base, stop, top, top_l2e, lower, scale, x1, x2, x3, lo, hi, z, a1, a2, a3,
                binned, tail):  # fmt: skip
     """scan_masses on one group of loaded scores, xs[u] at base + u * THREADS (only the last
-    group, `tail`, has loads past `stop`)."""
+    group, `tail`, has loads past `stop`). A score the thresholds drop (or NaN, or +inf) is
+    set to -inf, whose mass is 0: the sums then take every score without a branch."""
     for u in range(UNROLL):
         x = xs[u] * scale
+        ok = x >= lower and x < -NEG_INF  # kept (-inf passes: its mass is 0, and it is above none)
         if tail:
-            x = x if uint32(base + uint32(u * THREADS)) < stop else NEG_INF
-        if kept(x, min_bound, kth):  # (a select above: every load used before a branch)
-            m = fixed_mass(x, top)
-            if binned:
-                add_mass(lo, hi, linear_bin(top, x), m)
-            else:
-                z += m
-                if x > x1:  # (x1 <= x2 <= x3: most scores lie under all three)
-                    a1 += m
-                    if x > x2:
-                        a2 += m
-                        if x > x3:
-                            a3 += m
+            ok = ok and uint32(base + uint32(u * THREADS)) < stop
+        x = x if ok else NEG_INF  # (a select: every load used before a branch)
+        if binned:
+            if x > NEG_INF:
+                add_mass(lo, hi, linear_bin(top, x), fixed_mass(x, top_l2e))
+        else:
+            m = fixed_mass(x, top_l2e)
+            z += m
+            a1 += m if x > x1 else int64(0)  # (x1 <= x2 <= x3)
+            a2 += m if x > x2 else int64(0)
+            a3 += m if x > x3 else int64(0)
     return z, a1, a2, a3
 
 
@@ -159,29 +164,47 @@ def scan_masses(scores, start, end, top, min_bound, kth, scale, x1, x2, x3, lo, 
     linear bin of this block's histogram (lo, hi: sampling_histogram.add_mass; cleared and
     synced by the caller). Else this thread's share of (Z, A1, A2, A3): the masses of the kept
     scores and of those strictly above x1 <= x2 <= x3, running sums with no shared-memory
-    atomic a score. Returns them, zeros when binned (`binned` is a constant at each call: the
-    inlined loop keeps one of the two). Whole groups load at constant offsets from one address,
-    as the scores pass's do (sampling_scores.scan_scores)."""
+    atomic and no branch a score (~19 instructions a score, sass_count; 39 with libdevice's
+    expf and a branch for each threshold). Returns them, zeros when binned (`binned` is a
+    constant at each call: the inlined loop keeps one of the two). Whole groups load at
+    constant offsets from one address, as the scores pass's do (sampling_scores.scan_scores)."""
     z = int64(0)
     a1 = int64(0)
     a2 = int64(0)
     a3 = int64(0)
-    xs = cuda.local.array(UNROLL, float32)
+    top_l2e = mass_origin(top)
+    lower = max(min_bound, kth)
+    xa = cuda.local.array(UNROLL, float32)
+    xb = cuda.local.array(UNROLL, float32)
     whole = whole_groups_end(start, end)
     stop = uint32(end)
     base = uint32(start) + uint32(cuda.threadIdx.x)
-    while base < whole:
-        load_group(scores, base, xs)
+    pairs = whole_pairs_end(start, end)
+    if base < whole:
+        load_group(scores, base, xa)
+    while base < pairs:  # two groups a turn (sampling_common.whole_pairs_end)
+        load_group(scores, uint32(base + uint32(GROUP)), xb)
         z, a1, a2, a3 = mass_group(
-            xs, base, stop, top, min_bound, kth, scale, x1, x2, x3, lo, hi, z, a1, a2, a3, binned,
-            False,
+            xa, base, stop, top, top_l2e, lower, scale, x1, x2, x3, lo, hi, z, a1, a2, a3,
+            binned, False,
+        )  # fmt: skip
+        load_ahead(scores, uint32(base + uint32(2 * GROUP)), whole, xa)
+        z, a1, a2, a3 = mass_group(
+            xb, uint32(base + uint32(GROUP)), stop, top, top_l2e, lower, scale, x1, x2, x3, lo,
+            hi, z, a1, a2, a3, binned, False,
+        )  # fmt: skip
+        base = uint32(base + uint32(2 * GROUP))
+    if base < whole:  # an odd whole group, loaded
+        z, a1, a2, a3 = mass_group(
+            xa, base, stop, top, top_l2e, lower, scale, x1, x2, x3, lo, hi, z, a1, a2, a3,
+            binned, False,
         )  # fmt: skip
         base = uint32(base + uint32(GROUP))
     if whole < stop:  # the last, partial group
-        load_tail(scores, base, stop, xs)
+        load_tail(scores, base, stop, xa)
         z, a1, a2, a3 = mass_group(
-            xs, base, stop, top, min_bound, kth, scale, x1, x2, x3, lo, hi, z, a1, a2, a3, binned,
-            True,
+            xa, base, stop, top, top_l2e, lower, scale, x1, x2, x3, lo, hi, z, a1, a2, a3,
+            binned, True,
         )  # fmt: skip
     return z, a1, a2, a3
 

@@ -71,11 +71,14 @@ from gpu.kernels.sampling_common import (
     fixed_mass,
     kept,
     last_block,
+    load_ahead,
     load_group,
     load_tail,
+    mass_origin,
     row_bounds,
     warp_any,
     whole_groups_end,
+    whole_pairs_end,
 )
 from gpu.kernels.sampling_histogram import (
     add_mass,
@@ -108,6 +111,7 @@ def compact_mass_select(row, mode, fparams, rowf, rowi, cand_val, lo, hi, hs, sc
     nt = cuda.blockDim.x
     n = rowi[R_COUNT, row]
     top, min_bound, kth, scale = row_bounds(rowf, row)
+    origin = mass_origin(top)  # (fixed_mass's)
     linear = (mode & MODE_LINEAR) != 0  # Z and the mass still needed: sampling_linear.py
     z = rowf[R_Z, row]
     remain = rowi[R_REMAIN, row]
@@ -122,7 +126,7 @@ def compact_mass_select(row, mode, fparams, rowf, rowi, cand_val, lo, hi, hs, sc
             if kept(x, min_bound, kth):
                 key = int64(ordered_key(x))
                 if (key & high_mask) == prefix:
-                    add_mass(lo, hi, (key >> shift) & (bins - 1), fixed_mass(x, top))
+                    add_mass(lo, hi, (key >> shift) & (bins - 1), fixed_mass(x, origin))
         cuda.syncthreads()
         total = read_shared_histogram(lo, hi, bins, hs, scan)
         if d == 0 and not linear:
@@ -143,7 +147,7 @@ def compact_mass_select(row, mode, fparams, rowf, rowi, cand_val, lo, hi, hs, sc
 
 
 @device_function
-def digit_group(xs, base, stop, row, top, min_bound, kth, scale, shift, bins, high_mask, prefix,
+def digit_group(xs, base, stop, row, origin, min_bound, kth, scale, shift, bins, high_mask, prefix,
                 lo, hi, rowi, cand_val, cand_idx, full, use_mass, compacting, tail):  # fmt: skip
     """One group of a row's scores, xs[u] at base + u * THREADS (only the last group, `tail`,
     has loads past `stop`): each kept score whose higher digits match the prefix counted (or
@@ -166,7 +170,7 @@ def digit_group(xs, base, stop, row, top, min_bound, kth, scale, shift, bins, hi
         if keep and (key & uint32(high_mask)) == uint32(prefix):
             b = (key >> uint32(shift)) & uint32(bins - 1)
             if use_mass:
-                add_mass(lo, hi, b, fixed_mass(x, top))
+                add_mass(lo, hi, b, fixed_mass(x, origin))
             else:
                 cuda.atomic.add(lo, b, uint32(1))
     if compacting and full[0] == 0 and warp_any(wanted):
@@ -180,28 +184,44 @@ def digit_group(xs, base, stop, row, top, min_bound, kth, scale, shift, bins, hi
 
 @device_function
 def scan_digit(
-    scores, start, end, row, top, min_bound, kth, scale, shift, bins, high_mask, prefix, lo, hi,
-    rowi, cand_val, cand_idx, full, use_mass, compacting,
+    scores, start, end, row, origin, min_bound, kth, scale, shift, bins, high_mask, prefix, lo,
+    hi, rowi, cand_val, cand_idx, full, use_mass, compacting,
 ):  # fmt: skip
     """One block's share of a radix digit over scores[start:end] (the row, or its copy once the
     row is compact; `compacting` only over the row, whose indices are the token ids): whole
     groups loaded at constant offsets from one address, the last one clamped (as the scores
     pass's loop, sampling_scores.scan_scores)."""
-    xs = cuda.local.array(UNROLL, float32)
+    xa = cuda.local.array(UNROLL, float32)
+    xb = cuda.local.array(UNROLL, float32)
     whole = whole_groups_end(start, end)
     stop = uint32(end)
     base = uint32(start) + uint32(cuda.threadIdx.x)
-    while base < whole:  # block-uniform: warp_any needs every lane
-        load_group(scores, base, xs)
+    pairs = whole_pairs_end(start, end)
+    if base < whole:
+        load_group(scores, base, xa)
+    while base < pairs:  # block-uniform (warp_any); two groups a turn (whole_pairs_end)
+        load_group(scores, uint32(base + uint32(GROUP)), xb)
         digit_group(
-            xs, base, stop, row, top, min_bound, kth, scale, shift, bins, high_mask, prefix, lo,
+            xa, base, stop, row, origin, min_bound, kth, scale, shift, bins, high_mask, prefix, lo,
+            hi, rowi, cand_val, cand_idx, full, use_mass, compacting, False,
+        )  # fmt: skip
+        load_ahead(scores, uint32(base + uint32(2 * GROUP)), whole, xa)
+        digit_group(
+            xb, uint32(base + uint32(GROUP)), stop, row, origin, min_bound, kth, scale, shift,
+            bins, high_mask, prefix, lo, hi, rowi, cand_val, cand_idx, full, use_mass,
+            compacting, False,
+        )  # fmt: skip
+        base = uint32(base + uint32(2 * GROUP))
+    if base < whole:  # an odd whole group, loaded
+        digit_group(
+            xa, base, stop, row, origin, min_bound, kth, scale, shift, bins, high_mask, prefix, lo,
             hi, rowi, cand_val, cand_idx, full, use_mass, compacting, False,
         )  # fmt: skip
         base = uint32(base + uint32(GROUP))
     if whole < stop:  # the last, partial group
-        load_tail(scores, base, stop, xs)
+        load_tail(scores, base, stop, xa)
         digit_group(
-            xs, base, stop, row, top, min_bound, kth, scale, shift, bins, high_mask, prefix, lo,
+            xa, base, stop, row, origin, min_bound, kth, scale, shift, bins, high_mask, prefix, lo,
             hi, rowi, cand_val, cand_idx, full, use_mass, compacting, True,
         )  # fmt: skip
 
@@ -242,8 +262,8 @@ def _radix_kernel(use_mass: bool):
         start, end = block_share(rowi, row, compact, chunk_len, logits.shape[1])
         scores = cand_val[row] if compact else logits[row]  # the row's copy, or the row
         scan_digit(
-            scores, start, end, row, top, min_bound, kth, scale, shift, bins, high_mask, prefix,
-            lo, hi, rowi, cand_val, cand_idx, full, use_mass, compacting,
+            scores, start, end, row, mass_origin(top), min_bound, kth, scale, shift, bins,
+            high_mask, prefix, lo, hi, rowi, cand_val, cand_idx, full, use_mass, compacting,
         )  # fmt: skip
         cuda.syncthreads()
         flush_bins(lo, hi, hist, row, bins)

@@ -90,13 +90,17 @@ from gpu.kernels.sampling_common import (
     finish_row,
     finite,
     last_block,
+    load_ahead,
     load_group,
     load_tail,
-    noise_offset,
+    noisy_insert,
     noisy_offer,
     pack,
     row_key,
+    seed_block_best,
+    shared_offset,
     whole_groups_end,
+    whole_pairs_end,
 )
 from gpu.kernels.sampling_histogram import clear_bins, find_bin, flush_bins, read_histogram
 
@@ -129,13 +133,16 @@ def patch_chunk(logits, row, start, end, state, mask, state_row, ban, repetition
 
 
 @device_function
-def take_group(xs, base, stop, inv_t, key, lo, cand, top, w1, w2, w3, offset, greedy, draws,
-               truncate, fold, tail):  # fmt: skip
+def take_group(xs, base, stop, inv_t, key, lo, noisy, cand, top, w1, w2, w3, offset, greedy,
+               draws, truncate, fold, first, tail):  # fmt: skip
     """Pass 1 on one group of loaded scores, xs[u] at base + u * THREADS: the greedy argmax
     (cand), the max of the finite scaled scores (top, for truncating rows), the Gumbel-max
-    (w1, for drawing rows; with the next two, w2 and w3, where they truncate) and top-k's first
-    digit (`fold`), as the constant flags ask. Only the row's last group (`tail`) has loads
-    past `stop`, set to -inf here."""
+    (drawing rows; with the next two best where they truncate) and top-k's first digit
+    (`fold`), as the constant flags ask. A drawing row's noisy scores go to the block's best
+    in shared memory (`noisy`, sampling_common.noisy_insert), except in the `first` group,
+    which has no bar yet: every score is offered to the thread's own (w1, w2, w3). Only the
+    row's last group (`tail`) has loads past `stop`, set to -inf here."""
+    n = 3 if truncate else 1
     for u in range(UNROLL):
         v = uint32(base + uint32(u * THREADS))
         x = xs[u]
@@ -147,7 +154,10 @@ def take_group(xs, base, stop, inv_t, key, lo, cand, top, w1, w2, w3, offset, gr
         else:
             x = x * inv_t
             if draws:
-                w1, w2, w3 = noisy_offer(w1, w2, w3, x, v, key, offset, 3 if truncate else 1)
+                if first:
+                    w1, w2, w3 = noisy_offer(w1, w2, w3, x, v, key, offset, n)
+                else:
+                    noisy_insert(noisy, x, v, key, offset, n)
                 if truncate and x < -NEG_INF:  # (-inf leaves the max as it is; not NaN)
                     top = max(top, x)
             elif finite(x):
@@ -158,38 +168,79 @@ def take_group(xs, base, stop, inv_t, key, lo, cand, top, w1, w2, w3, offset, gr
 
 
 @device_function
-def scan_scores(scores, start, end, inv_t, key, lo, greedy, draws, truncate, fold):
+def scores_step(xs, base, stop, inv_t, key, lo, noisy, cand, top, offset, greedy, draws,
+                truncate, fold, tail):  # fmt: skip
+    """take_group on one group after the first, then the bar for the next: the block's best
+    noisy score so far, or its third best (sampling_common.shared_offset)."""
+    cand, top, _, _, _ = take_group(
+        xs, base, stop, inv_t, key, lo, noisy, cand, top, NONE, NONE, NONE, offset, greedy, draws,
+        truncate, fold, False, tail,
+    )  # fmt: skip
+    if draws:
+        offset = shared_offset(noisy, 3 if truncate else 1)
+    return cand, top, offset
+
+
+@device_function
+def scan_scores(scores, start, end, inv_t, key, lo, noisy, greedy, draws, truncate, fold):
     """One block's share of pass 1 over scores[start:end] (take_group on each group), as the
-    constant flags ask: (cand, top, w1, w2, w3). The groups that lie wholly in the share load
-    at constant offsets from one address (sampling_common.load_group), the last partial one
-    clamped."""
+    constant flags ask: (cand, top); a drawing row's best noisy scores land in `noisy`. The
+    groups that lie wholly in the share load at constant offsets from one address
+    (sampling_common.load_group), two arrays in turn: the next group's loads in flight while
+    this one is scanned (load_ahead); the last partial group clamped.
+
+    A drawing row's first group offers every score to its thread's best n (no bar yet); the
+    warp's best n of those (warp_best) go to the block's, whose n-th is the bar from then
+    on: every later score that passes it is inserted there (a few dozen a block)."""
     tid = cuda.threadIdx.x
     cand = int64(NONE)  # greedy rows' argmax
     top = NEG_INF  # truncating rows' max: a float max, one instruction a score
-    w1 = int64(NONE)
-    w2 = int64(NONE)
-    w3 = int64(NONE)
-    xs = cuda.local.array(UNROLL, float32)
+    n = 3 if truncate else 1
+    xa = cuda.local.array(UNROLL, float32)
+    xb = cuda.local.array(UNROLL, float32)
     whole = whole_groups_end(start, end)
     stop = uint32(end)
-    offset = -NEG_INF  # noisy_offer's: every score offered in full until the warp has a bar
-    base = uint32(start) + uint32(tid)
-    while base < whole:  # block-uniform: noise_offset needs every lane
-        load_group(scores, base, xs)
+    offset = -NEG_INF  # noisy_offer's: every score offered in full until the block has a bar
+    first = start
+    if draws and uint32(start) + uint32(tid) < whole:  # (block-uniform, as below)
+        base = uint32(start) + uint32(tid)
+        load_group(scores, base, xa)
         cand, top, w1, w2, w3 = take_group(
-            xs, base, stop, inv_t, key, lo, cand, top, w1, w2, w3, offset, greedy, draws,
-            truncate, fold, False,
+            xa, base, stop, inv_t, key, lo, noisy, cand, top, int64(NONE), int64(NONE),
+            int64(NONE), offset, greedy, draws, truncate, fold, True, False,
         )  # fmt: skip
-        if draws:  # (the bar a score must pass: the best so far, or the third best)
-            offset = noise_offset(w3 if truncate else w1)
+        seed_block_best(noisy, w1, w2, w3, n)
+        first = start + GROUP
+        offset = shared_offset(noisy, n)
+    base = uint32(first) + uint32(tid)
+    pairs = whole_pairs_end(first, end)
+    if base < whole:
+        load_group(scores, base, xa)
+    while base < pairs:  # block-uniform (the first group's warp_best)
+        load_group(scores, uint32(base + uint32(GROUP)), xb)
+        cand, top, offset = scores_step(
+            xa, base, stop, inv_t, key, lo, noisy, cand, top, offset, greedy, draws, truncate,
+            fold, False,
+        )  # fmt: skip
+        load_ahead(scores, uint32(base + uint32(2 * GROUP)), whole, xa)
+        cand, top, offset = scores_step(
+            xb, uint32(base + uint32(GROUP)), stop, inv_t, key, lo, noisy, cand, top, offset,
+            greedy, draws, truncate, fold, False,
+        )  # fmt: skip
+        base = uint32(base + uint32(2 * GROUP))
+    if base < whole:  # an odd whole group, loaded
+        cand, top, offset = scores_step(
+            xa, base, stop, inv_t, key, lo, noisy, cand, top, offset, greedy, draws, truncate,
+            fold, False,
+        )  # fmt: skip
         base = uint32(base + uint32(GROUP))
     if whole < stop:  # the share's last group, partial
-        load_tail(scores, base, stop, xs)
-        cand, top, w1, w2, w3 = take_group(
-            xs, base, stop, inv_t, key, lo, cand, top, w1, w2, w3, offset, greedy, draws,
-            truncate, fold, True,
+        load_tail(scores, base, stop, xa)
+        cand, top, offset = scores_step(
+            xa, base, stop, inv_t, key, lo, noisy, cand, top, offset, greedy, draws, truncate,
+            fold, True,
         )  # fmt: skip
-    return cand, top, w1, w2, w3
+    return cand, top
 
 
 @device_function
@@ -219,6 +270,7 @@ def scores_kernel(
     hi = cuda.shared.array(BINS, uint32)  # (unused by counts: flush_bins reads it as zeros)
     scan = cuda.shared.array(THREADS, int64)
     sel = cuda.shared.array(2, int64)
+    noisy = cuda.shared.array(3, int64)  # the block's best noisy scores (scan_scores)
     row = cuda.blockIdx.x
     tid = cuda.threadIdx.x
     start = cuda.blockIdx.y * chunk_len
@@ -239,16 +291,18 @@ def scores_kernel(
     fold = truncate and top_k > 0  # top-k's first digit, counted here (see the docstring)
     if fold:
         clear_bins(lo, hi, BINS)
+    if tid < 3:
+        noisy[tid] = NONE
     if state_row >= 0:  # the chunk's penalties and bans, before any of its logits is read
         patch_chunk(
             logits, row, start, end, state, mask, state_row, ban, repetition, presence, frequency
         )  # fmt: skip
     cuda.syncthreads()
 
-    # draws: the row's full-row Gumbel-max is taken here, into w1. Temperature-only rows
+    # draws: the row's full-row Gumbel-max is taken here, into noisy[0]. Temperature-only rows
     # finish with it; top-p rows without top-k keep it for the early exits (sampling_draw.py:
     # it is their token whenever the thresholds keep it, at least top_p of the time, as the
-    # nucleus holds top_p of the mass), and the next two noisy scores (w2, w3: the first of the
+    # nucleus holds top_p of the mass), and the next two noisy scores (noisy[1:]: the first of the
     # three the nucleus keeps is the token, which leaves about one row in a thousand to the
     # exact cut instead of one in ten; sampling_linear.py). Not min-p alone: a flat row keeps
     # a sliver of its mass (~10% at min_p 0.1 on random weights), and its noise here would
@@ -258,37 +312,34 @@ def scores_kernel(
     # One loop for each kind of row, the flags constants at each call (scan_scores is inlined):
     # a loop that carried all three paths kept their registers and branches in every group.
     if greedy:
-        cand, top, w1, w2, w3 = scan_scores(
-            scores, start, end, inv_t, key, lo, True, False, False, False
+        cand, top = scan_scores(
+            scores, start, end, inv_t, key, lo, noisy, True, False, False, False
         )  # fmt: skip
     elif draws and truncate:  # top-p: the three best and the max
-        cand, top, w1, w2, w3 = scan_scores(
-            scores, start, end, inv_t, key, lo, False, True, True, False
+        cand, top = scan_scores(
+            scores, start, end, inv_t, key, lo, noisy, False, True, True, False
         )  # fmt: skip
     elif draws:  # temperature alone: the token
-        cand, top, w1, w2, w3 = scan_scores(
-            scores, start, end, inv_t, key, lo, False, True, False, False
+        cand, top = scan_scores(
+            scores, start, end, inv_t, key, lo, noisy, False, True, False, False
         )  # fmt: skip
     else:
-        cand, top, w1, w2, w3 = scan_scores(
-            scores, start, end, inv_t, key, lo, False, False, True, fold
+        cand, top = scan_scores(
+            scores, start, end, inv_t, key, lo, noisy, False, False, True, fold
         )  # fmt: skip
     if truncate and top > NEG_INF:
         cand = pack(top, 0)
-    if greedy or truncate:  # (block-uniform; temperature-only rows have only w1)
+    if greedy or truncate:  # (block-uniform; temperature-only rows have only their draw)
         cand = block_max(buf, cand)
         if tid == 0 and cand >= 0:
             cuda.atomic.max(best, row, cand)
-    if draws:
-        b1 = block_max(buf, w1)
-        if not truncate:
-            if tid == 0 and b1 >= 0:
-                cuda.atomic.max(winner, row, b1)
-        else:  # the block's three best: each thread offers its best the block has not taken
-            b2 = block_max(buf, w2 if w1 == b1 else w1)
-            b3 = block_max(buf, w1 if w1 != b1 and w1 != b2 else (w2 if w2 != b2 else w3))
-            if tid == 0 and b1 >= 0:
-                offer_three(winner, runners, row, b1, b2, b3)
+    if draws:  # the block's best noisy scores, to the row's
+        cuda.syncthreads()
+        if tid == 0 and noisy[0] >= 0:
+            if truncate:
+                offer_three(winner, runners, row, noisy[0], noisy[1], noisy[2])
+            else:
+                cuda.atomic.max(winner, row, noisy[0])
     if fold:
         cuda.syncthreads()
         flush_bins(lo, hi, hist, row, BINS)
