@@ -19,7 +19,7 @@ The engine falls back to the serial order (it drains: waits for and processes th
 flight before scheduling) only to preempt a sequence holding a placeholder: recomputing it needs
 its real ids. Penalties and min_tokens bans need no ids on the host: each such sequence's token
 history is a row of the sampler's token state on the device, written once from its known ids
-and counted on by the sampler itself (see model_runner.StateOwners). Greedy and seeded sampling
+and counted on by the sampler itself (see sampling_batch.StateOwners). Greedy and seeded sampling
 give the same tokens either way: the sampler's per-row RNG is keyed by (seed, number of tokens
 before), placeholders included. A request without a seed draws one from the engine's generator,
 seeded by EngineConfig.seed (None, the default: fresh entropy from the OS each engine).

@@ -15,8 +15,6 @@ CUDA graphs. The backend's sampler keeps the token state of penalties and bans
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 from typing import Any, Protocol
 
 import numpy as np
@@ -26,7 +24,7 @@ from gpu.block_manager import BlockTableRows
 from gpu.forward_batch import ForwardBatch
 from gpu.model import LlamaModel
 from gpu.sampling import SamplingMetadata
-from gpu.sampling.token_state import row_state
+from gpu.sampling_batch import SamplingBatch
 from gpu.scheduler import SchedulerOutput
 from gpu.sequence import Sequence
 
@@ -157,110 +155,6 @@ def build_forward_batch(
     return batch, sampled
 
 
-@functools.lru_cache(maxsize=64)
-def _greedy_arrays(num_rows: int) -> dict[str, np.ndarray]:
-    """The arrays of SamplingMetadata.greedy(num_rows), built once per row count (nine arrays
-    cost more than the rest of a one-sequence step's preparation); read-only, as steps share
-    them."""
-    md = SamplingMetadata.greedy(num_rows)
-    arrays = {f.name: getattr(md, f.name) for f in dataclasses.fields(md)}
-    arrays = {name: a for name, a in arrays.items() if isinstance(a, np.ndarray)}
-    for a in arrays.values():
-        a.flags.writeable = False
-    return arrays
-
-
-def _greedy_metadata(num_rows: int) -> SamplingMetadata:
-    """All rows plain argmax: a fresh SamplingMetadata over the shared read-only arrays."""
-    return SamplingMetadata(**_greedy_arrays(num_rows))
-
-
-class StateOwners:
-    """The sequence whose token state each state row holds (gpu/sampling/token_state.py).
-
-    A row is written when a sequence is sampled in it for the first time, and from then on only
-    the sampler updates it. So the host must know, per row, whose history the device holds: a
-    sequence sampled in a row that is not its own (new, recomputed after a preemption, or in
-    the row another sequence left) gets a write. Sequences without penalties or bans never
-    touch the state and leave the row's owner as it was: a sequence preempted and readmitted
-    to the same row finds its history there, unless another sequence with state wrote it in
-    between. A write queued in step N+1 lands after every sampler of step N (stream order), so
-    the count the sampler added for a token that was then discarded (its sequence stopped or
-    was aborted first) never reaches the row's next owner.
-    """
-
-    __slots__ = ("owner", "row_of")
-
-    def __init__(self) -> None:
-        self.owner: dict[int, Sequence] = {}
-        self.row_of: dict[Sequence, int] = {}  # each owner's row (one row each)
-
-    def claim(self, seq: Sequence, row: int) -> bool:
-        """Make seq the owner of row; True if the row must be (re)written for it."""
-        if self.owner.get(row) is seq:
-            return False
-        old = self.row_of.pop(seq, None)
-        if old is not None and self.owner.get(old) is seq:
-            del self.owner[old]  # a row it left holds a history that stopped growing
-        previous = self.owner.get(row)
-        if previous is not None:
-            del self.row_of[previous]
-        self.owner[row] = seq
-        self.row_of[seq] = row
-        return True
-
-
-def build_sampling_metadata(
-    seqs: list[Sequence], owners: StateOwners, vocab_size: int
-) -> SamplingMetadata:
-    """Per-row sampling parameters, the token-state rows of those with penalties or a ban,
-    and the state writes of the sequences sampled for the first time in their row.
-
-    Counts include a placeholder still in flight (len(output_token_ids)): the RNG's step and
-    min_tokens need only how many tokens came before, not what they are. A state write does
-    need the ids: it happens only when a sequence is first sampled in a row, after its
-    admission or its recomputation, and the engine drains before it preempts a sequence with
-    a token in flight.
-    """
-    n = len(seqs)
-    if all(len(s.output_token_ids) >= s.argmax_from for s in seqs):
-        return _greedy_metadata(n)
-    params = [s.params for s in seqs]
-    md = SamplingMetadata(
-        temperature=np.array([0.0 if p.greedy else p.temperature for p in params], np.float32),
-        top_k=np.array([p.top_k for p in params], np.int32),
-        top_p=np.array([p.top_p for p in params], np.float32),
-        min_p=np.array([p.min_p for p in params], np.float32),
-        repetition_penalty=np.array([p.repetition_penalty for p in params], np.float32),
-        presence_penalty=np.array([p.presence_penalty for p in params], np.float32),
-        frequency_penalty=np.array([p.frequency_penalty for p in params], np.float32),
-        seed=np.array([s.seed for s in seqs], np.uint64),
-        step=np.array([len(s.output_token_ids) for s in seqs], np.uint64),
-    )
-    writes = []
-    for i, (s, p) in enumerate(zip(seqs, params, strict=True)):
-        num_output = len(s.output_token_ids)
-        banning = num_output < p.min_tokens and bool(s.finishing_token_ids)
-        penalties = p.has_penalties
-        if not (penalties or banning):
-            continue
-        row = s.table_row
-        assert row >= 0, f"{s!r} is sampled but holds no row"
-        md.state_rows[i] = row
-        md.ban_active[i] = banning
-        if owners.claim(s, row):
-            assert s.num_pending == 0, f"{s!r}: its state is written with a token in flight"
-            tokens, values = row_state(
-                s.prompt_token_ids if penalties else (),
-                s.output_token_ids if penalties else (),
-                s.finishing_token_ids if banning else (),
-                vocab_size,
-            )
-            writes.append((row, tokens, values))
-    md.state_writes = writes or None
-    return md
-
-
 class ModelRunner:
     """Prepares each step's inputs and hands them to the backend's executor."""
 
@@ -271,7 +165,8 @@ class ModelRunner:
         self.block_size = block_size
         self.table_rows = table_rows  # the block manager's: read, never written, here
         self.vocab_size = vocab_size
-        self.state_owners = StateOwners()
+        self.sampling = SamplingBatch(vocab_size)
+        self.state_owners = self.sampling.state_owners
 
     def launch(self, sched: SchedulerOutput) -> tuple[list[Sequence], StepResult, SamplingMetadata]:
         """Build and start the step; returns the sequences that sample (in row order), the
@@ -280,7 +175,7 @@ class ModelRunner:
         if not sampled:  # only prefill chunks that end mid-prompt: nothing to sample
             md = SamplingMetadata.greedy(0)
         else:
-            md = build_sampling_metadata(sampled, self.state_owners, self.vocab_size)
+            md = self.sampling.metadata(sampled)
         # An executor with only execute() (a test stub, a wrapper) computes at launch. Looked
         # up each step: a test may wrap the executor after the runner is built.
         launch = getattr(self.executor, "launch", None)

@@ -22,7 +22,7 @@ GPU_LAYERS: list[tuple[str, ...]] = [
     # the public API and what builds and hosts an engine
     ("gpu", "gpu.llm", "gpu.loader", "gpu.engine_core", "gpu.engine_thread"),
     ("gpu.engine", "gpu.output_processor"),
-    ("gpu.model_runner",),
+    ("gpu.model_runner", "gpu.sampling_batch"),
     ("gpu.scheduler",),
     ("gpu.block_manager",),
     ("gpu.model", "gpu.model_weights", "gpu.rope"),

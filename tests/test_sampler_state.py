@@ -21,7 +21,6 @@ from kernel_helpers import fresh_rng, synced
 from numba import cuda
 
 from gpu import SamplingParams
-from gpu.model_runner import StateOwners
 from gpu.sampling import SamplingMetadata
 from gpu.sampling.numpy_sampler import sample
 from gpu.sampling.token_state import (
@@ -35,7 +34,9 @@ from gpu.sampling.token_state import (
     state_mask,
     write_states,
 )
+from gpu.sampling_batch import SamplingBatch, StateOwners
 from gpu.sampling_params import RequestOutputKind
+from gpu.sequence import Sequence
 
 
 # --- the twin against the history-based definition -------------------------------------------
@@ -156,6 +157,61 @@ def test_state_owners_write_a_row_for_each_new_owner():
     assert owners.claim(a, 1)  # a moves (preempted, readmitted elsewhere)
     assert owners.claim(a, 0)  # ... and back: row 0 stopped being its history when it left
     assert owners.owner == {0: a} and owners.row_of == {a: 0}
+
+
+def _expected_metadata(seqs: list) -> dict[str, list]:
+    """What a step's SamplingMetadata must hold, from each sequence's params and outputs."""
+    rows = {"temperature": [], "top_k": [], "top_p": [], "seed": [], "step": []}
+    rows |= {"repetition_penalty": [], "state_rows": [], "ban_active": []}
+    for s in seqs:
+        p, k = s.params, len(s.output_token_ids)
+        banning = k < p.min_tokens and bool(s.finishing_token_ids)
+        rows["temperature"].append(0.0 if p.greedy else p.temperature)
+        rows["top_k"].append(p.top_k)
+        rows["top_p"].append(p.top_p)
+        rows["repetition_penalty"].append(p.repetition_penalty)
+        rows["seed"].append(s.seed)
+        rows["step"].append(k)
+        rows["state_rows"].append(s.table_row if p.has_penalties or banning else -1)
+        rows["ban_active"].append(int(banning))
+    return rows
+
+
+def test_sampling_batch_reuses_a_batch_constants_and_recomputes_what_moves():
+    """SamplingBatch keeps the last batch's parameter arrays while its sequences stay the same
+    ones in the same order; step counters, state rows, bans and writes are every step's own:
+    a ban that ends, a sequence that moves row, a batch that changes, all as a fresh build."""
+
+    def seq(i: int, **params) -> Sequence:
+        s = Sequence(f"r{i}", None, [1, 2, 3], SamplingParams(**params), 100 + i, 0.0,
+                     frozenset({7}), 4096)  # fmt: skip
+        s.table_row = i
+        return s
+
+    chat = seq(0, temperature=0.7, top_p=0.9, repetition_penalty=1.1)
+    banned = seq(1, temperature=0.0, min_tokens=2)  # greedy, bans eos (7) for two tokens
+    plain = seq(2, temperature=1.0, top_k=5)
+    batch = SamplingBatch(vocab_size=16)
+    history = []
+    for step, seqs in enumerate([[chat, banned, plain]] * 3 + [[chat, plain], [chat, plain]]):
+        if step == 3:
+            chat.table_row = 5  # preempted and readmitted elsewhere: its history is written again
+        md = batch.metadata(seqs)
+        want = _expected_metadata(seqs)
+        for name, values in want.items():
+            assert getattr(md, name).tolist() == pytest.approx(values), (step, name)
+        written = {row for row, _, _ in md.state_writes or ()}
+        history.append((md, written))
+        for s in seqs:
+            s.output_token_ids.append(3)
+    (md0, w0), (md1, w1), (md2, w2), (md3, w3), (md4, w4) = history
+    assert w0 == {0, 1} and w1 == w2 == set() and w3 == {5} and w4 == set()
+    assert md1.state_rows.tolist() == [0, 1, -1]  # still banning at its second token
+    assert md2.state_rows.tolist() == [0, -1, -1] and md2.ban_active.tolist() == [0, 0, 0]
+    assert md1.temperature is md0.temperature and md2.top_p is md0.top_p  # reused
+    assert md3.temperature is not md0.temperature and md4.seed is md3.seed  # rebuilt once
+    with pytest.raises(ValueError):
+        md4.top_p[0] = 1.0  # shared between steps: read-only
 
 
 class StateChecker:
