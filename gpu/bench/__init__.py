@@ -171,7 +171,7 @@ def run_bench(args: argparse.Namespace) -> int:
     if chosen == ["scheduler"]:
         from gpu.bench.scheduler_overhead import main as scheduler_main
 
-        scheduler_main()
+        scheduler_main(settings=tuple(settings))
         return 0
 
     results: dict[str, Any] = {"model": args.config or args.model or "default"}
