@@ -158,9 +158,10 @@ def test_bench_startup_reports_cold_and_warm(tmp_path):
         assert r[run]["device"] == "cpu"
 
 
-def test_bench_scheduler_overhead(capsys):
-    assert main(["bench", "scheduler"]) == 0
-    assert "us/seq" in capsys.readouterr().out
+def test_bench_scheduler_overhead_has_a_row_per_sampling_setting(capsys):
+    assert main(["bench", "scheduler", "--sampling", "greedy,top-p"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert [r[:2] for r in rows if r and r[0] == "256"] == [["256", "greedy"], ["256", "top-p"]]
 
 
 def test_the_step_timer_files_a_call_by_the_step_it_waits_for():
