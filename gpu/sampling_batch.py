@@ -37,7 +37,7 @@ def _greedy_arrays(num_rows: int) -> dict[str, np.ndarray]:
     cost more than the rest of a one-sequence step's preparation); read-only, as steps share
     them."""
     md = SamplingMetadata.greedy(num_rows)
-    names = [*_PARAMETERS, "temperature", "seed", "step"]
+    names = [*_PARAMETERS, "temperature", "seed", "step", "state_rows", "ban_active"]
     return {name: _read_only(getattr(md, name)) for name in names}
 
 
