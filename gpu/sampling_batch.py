@@ -8,7 +8,8 @@ step with the app's defaults, where an all-greedy step (cached arrays) costs ~12
 SamplingBatch keeps the last batch's constant arrays, read-only, and rebuilds them only when
 its sequences change (vLLM's persistent InputBatch keeps per-row sampling arrays for the same
 reason); a step computes only what moves: the step counters, the state rows, the ban flags and
-the state writes of sequences new to their row.
+the state writes of sequences new to their row: ~15 us at 256 rows (~42 with penalties, whose
+rows' owners are checked every step) on the same host.
 """
 
 from __future__ import annotations
