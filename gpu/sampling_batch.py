@@ -22,8 +22,9 @@ from gpu.sampling import SamplingMetadata
 from gpu.sampling.token_state import row_state
 from gpu.sequence import Sequence
 
-_PARAMETERS = ("top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty")
-_PARAMETERS += ("frequency_penalty",)
+_PARAMETERS = (
+    "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"
+)  # fmt: skip
 _DTYPES = {"top_k": np.int32}  # the others float32
 
 

@@ -395,6 +395,43 @@ def load_ahead(scores, base, whole, xs):
     load_group(scores, base if base < whole else uint32(base - uint32(GROUP)), xs)
 
 
+def group_loop(step):
+    """The loop every pass over a block's share runs, around `step`, the pass's own work on one
+    loaded group: state = step(xs, base, stop, args, state, tail), xs[u] the score at base +
+    u * THREADS (`args`: the pass's constants, a tuple; `state`: what it carries from group to
+    group, a tuple). The whole groups of scores[first:end] load at constant offsets from one
+    address, two arrays in turn, the next group's loads in flight while one is scanned
+    (load_ahead, whole_pairs_end); then an odd whole group, then the partial one (load_tail,
+    tail True: its loads past stop are clamped, the step sets them aside). Returns the last
+    state. Every thread of the block runs it (block-uniform: a step may sync the warp)."""
+
+    @device_function
+    def loop(scores, first, end, args, state):
+        xa = cuda.local.array(UNROLL, float32)
+        xb = cuda.local.array(UNROLL, float32)
+        whole = whole_groups_end(first, end)
+        pairs = whole_pairs_end(first, end)
+        stop = uint32(end)
+        base = uint32(first) + uint32(cuda.threadIdx.x)
+        if base < whole:
+            load_group(scores, base, xa)
+        while base < pairs:
+            load_group(scores, uint32(base + uint32(GROUP)), xb)
+            state = step(xa, base, stop, args, state, False)
+            load_ahead(scores, uint32(base + uint32(2 * GROUP)), whole, xa)
+            state = step(xb, uint32(base + uint32(GROUP)), stop, args, state, False)
+            base = uint32(base + uint32(2 * GROUP))
+        if base < whole:  # an odd whole group, loaded
+            state = step(xa, base, stop, args, state, False)
+            base = uint32(base + uint32(GROUP))
+        if whole < stop:  # the last, partial group
+            load_tail(scores, base, stop, xa)
+            state = step(xa, base, stop, args, state, True)
+        return state
+
+    return loop
+
+
 @device_function
 def load_tail(scores, base, stop, xs):
     """load_group for the share's last, partial group: loads past stop clamped to its last

@@ -43,11 +43,10 @@ from gpu.kernels.sampling_common import (
     UNROLL,
     block_share,
     finish_row,
+    group_loop,
     kept,
     last_block,
-    load_ahead,
     load_group,
-    load_tail,
     noise_offset,
     noisy_insert,
     noisy_offer,
@@ -57,7 +56,6 @@ from gpu.kernels.sampling_common import (
     seed_block_best,
     shared_offset,
     whole_groups_end,
-    whole_pairs_end,
 )
 
 
@@ -83,53 +81,36 @@ def draw_group(xs, base, stop, key, top, min_bound, kth, scale, p_t, z, noisy, c
 
 
 @device_function
-def draw_step(xs, base, stop, key, top, min_bound, kth, scale, p_t, z, noisy, offset, tail):
+def draw_step(xs, base, stop, args, state, tail):
     """draw_group on a group after the first, then the bar for the next (the block's best)."""
-    draw_group(xs, base, stop, key, top, min_bound, kth, scale, p_t, z, noisy, NONE, offset,
+    key, top, min_bound, kth, scale, p_t, z, noisy = args
+    draw_group(xs, base, stop, key, top, min_bound, kth, scale, p_t, z, noisy, NONE, state,
                False, tail)  # fmt: skip
     return shared_offset(noisy, 1)
+
+
+_draw_loop = group_loop(draw_step)
 
 
 @device_function
 def scan_row_draw(scores, start, end, key, top, min_bound, kth, scale, p_t, z, noisy):
     """The block's Gumbel-max over the kept scores of scores[start:end], the row itself, into
     noisy[0] (as the scores pass's draws, sampling_scores.scan_scores: the first group to the
-    thread's own, then the block's best the bar): whole groups loaded at constant offsets from
-    one address, two arrays in turn, the last one clamped."""
+    thread's own, then the block's best the bar), the groups in every pass's loop
+    (sampling_common.group_loop); its state is the bar's offset."""
     tid = cuda.threadIdx.x
-    offset = -NEG_INF  # noisy_offer's: every score offered in full until the block has a bar
-    xa = cuda.local.array(UNROLL, float32)
-    xb = cuda.local.array(UNROLL, float32)
-    whole = whole_groups_end(start, end)
-    stop = uint32(end)
     first = start
-    if uint32(start) + uint32(tid) < whole:  # (block-uniform)
+    if uint32(start) + uint32(tid) < whole_groups_end(start, end):  # (block-uniform)
+        xs = cuda.local.array(UNROLL, float32)
         base = uint32(start) + uint32(tid)
-        load_group(scores, base, xa)
-        cand = draw_group(xa, base, stop, key, top, min_bound, kth, scale, p_t, z, noisy,
-                          int64(NONE), offset, True, False)  # fmt: skip
+        load_group(scores, base, xs)
+        # noisy_offer's offset: every score offered in full until the block has a bar
+        cand = draw_group(xs, base, uint32(end), key, top, min_bound, kth, scale, p_t, z, noisy,
+                          int64(NONE), -NEG_INF, True, False)  # fmt: skip
         seed_block_best(noisy, cand, int64(NONE), int64(NONE), 1)
         first = start + GROUP
-    offset = shared_offset(noisy, 1)
-    base = uint32(first) + uint32(tid)
-    pairs = whole_pairs_end(first, end)
-    if base < whole:
-        load_group(scores, base, xa)
-    while base < pairs:  # two groups a turn (whole_pairs_end)
-        load_group(scores, uint32(base + uint32(GROUP)), xb)
-        offset = draw_step(xa, base, stop, key, top, min_bound, kth, scale, p_t, z, noisy,
-                           offset, False)  # fmt: skip
-        load_ahead(scores, uint32(base + uint32(2 * GROUP)), whole, xa)
-        offset = draw_step(xb, uint32(base + uint32(GROUP)), stop, key, top, min_bound, kth,
-                           scale, p_t, z, noisy, offset, False)  # fmt: skip
-        base = uint32(base + uint32(2 * GROUP))
-    if base < whole:  # an odd whole group, loaded
-        offset = draw_step(xa, base, stop, key, top, min_bound, kth, scale, p_t, z, noisy, offset,
-                           False)  # fmt: skip
-        base = uint32(base + uint32(GROUP))
-    if whole < stop:  # the last, partial group
-        load_tail(scores, base, stop, xa)
-        draw_step(xa, base, stop, key, top, min_bound, kth, scale, p_t, z, noisy, offset, True)
+    args = (key, top, min_bound, kth, scale, p_t, z, noisy)
+    _draw_loop(scores, first, end, args, shared_offset(noisy, 1))
 
 
 @device_function

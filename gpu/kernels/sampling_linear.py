@@ -72,7 +72,6 @@ from gpu.kernels.pdl import grid_dependency_sync
 from gpu.kernels.sampling_common import (
     BINS,
     F_TOP_P,
-    GROUP,
     MASS_SCALE,
     MODE_COMPACT,
     MODE_EARLY,
@@ -97,21 +96,17 @@ from gpu.kernels.sampling_common import (
     block_share,
     claim_slot,
     fixed_mass,
+    group_loop,
     kept,
     last_block,
     last_of,
     listed_share,
-    load_ahead,
-    load_group,
-    load_tail,
     mass_origin,
     noise_offset,
     noisy_offer,
     packed_index,
     row_bounds,
     row_key,
-    whole_groups_end,
-    whole_pairs_end,
 )
 from gpu.kernels.sampling_histogram import (
     add_mass,
@@ -135,11 +130,12 @@ def linear_bin(top, x):
 
 
 @device_function
-def mass_group(xs, base, stop, top, top_l2e, lower, scale, x1, x2, x3, lo, hi, z, a1, a2, a3,
-               binned, tail):  # fmt: skip
+def mass_group(xs, base, stop, args, state, tail):
     """scan_masses on one group of loaded scores, xs[u] at base + u * THREADS (only the last
     group, `tail`, has loads past `stop`). A score the thresholds drop (or NaN, or +inf) is
     set to -inf, whose mass is 0: the sums then take every score without a branch."""
+    top, top_l2e, lower, scale, x1, x2, x3, lo, hi, binned = args
+    z, a1, a2, a3 = state
     for u in range(UNROLL):
         x = xs[u] * scale
         ok = x >= lower and x < -NEG_INF  # kept (-inf passes: its mass is 0, and it is above none)
@@ -158,6 +154,9 @@ def mass_group(xs, base, stop, top, top_l2e, lower, scale, x1, x2, x3, lo, hi, z
     return z, a1, a2, a3
 
 
+_mass_loop = group_loop(mass_group)
+
+
 @device_function
 def scan_masses(scores, start, end, top, min_bound, kth, scale, x1, x2, x3, lo, hi, binned):
     """The fixed-point mass of every kept score of scores[start:end]. With `binned`, into its
@@ -166,47 +165,11 @@ def scan_masses(scores, start, end, top, min_bound, kth, scale, x1, x2, x3, lo, 
     scores and of those strictly above x1 <= x2 <= x3, running sums with no shared-memory
     atomic and no branch a score (~19 instructions a score, sass_count; 39 with libdevice's
     expf and a branch for each threshold). Returns them, zeros when binned (`binned` is a
-    constant at each call: the inlined loop keeps one of the two). Whole groups load at
-    constant offsets from one address, as the scores pass's do (sampling_scores.scan_scores)."""
-    z = int64(0)
-    a1 = int64(0)
-    a2 = int64(0)
-    a3 = int64(0)
-    top_l2e = mass_origin(top)
-    lower = max(min_bound, kth)
-    xa = cuda.local.array(UNROLL, float32)
-    xb = cuda.local.array(UNROLL, float32)
-    whole = whole_groups_end(start, end)
-    stop = uint32(end)
-    base = uint32(start) + uint32(cuda.threadIdx.x)
-    pairs = whole_pairs_end(start, end)
-    if base < whole:
-        load_group(scores, base, xa)
-    while base < pairs:  # two groups a turn (sampling_common.whole_pairs_end)
-        load_group(scores, uint32(base + uint32(GROUP)), xb)
-        z, a1, a2, a3 = mass_group(
-            xa, base, stop, top, top_l2e, lower, scale, x1, x2, x3, lo, hi, z, a1, a2, a3,
-            binned, False,
-        )  # fmt: skip
-        load_ahead(scores, uint32(base + uint32(2 * GROUP)), whole, xa)
-        z, a1, a2, a3 = mass_group(
-            xb, uint32(base + uint32(GROUP)), stop, top, top_l2e, lower, scale, x1, x2, x3, lo,
-            hi, z, a1, a2, a3, binned, False,
-        )  # fmt: skip
-        base = uint32(base + uint32(2 * GROUP))
-    if base < whole:  # an odd whole group, loaded
-        z, a1, a2, a3 = mass_group(
-            xa, base, stop, top, top_l2e, lower, scale, x1, x2, x3, lo, hi, z, a1, a2, a3,
-            binned, False,
-        )  # fmt: skip
-        base = uint32(base + uint32(GROUP))
-    if whole < stop:  # the last, partial group
-        load_tail(scores, base, stop, xa)
-        z, a1, a2, a3 = mass_group(
-            xa, base, stop, top, top_l2e, lower, scale, x1, x2, x3, lo, hi, z, a1, a2, a3,
-            binned, True,
-        )  # fmt: skip
-    return z, a1, a2, a3
+    constant at each call: the inlined loop keeps one of the two). The loop is every pass's
+    (sampling_common.group_loop)."""
+    args = (top, mass_origin(top), max(min_bound, kth), scale, x1, x2, x3, lo, hi, binned)
+    zero = int64(0)
+    return _mass_loop(scores, start, end, args, (zero, zero, zero, zero))
 
 
 @device_function

@@ -50,7 +50,6 @@ from gpu.kernels.sampling_common import (
     BINS,
     BLOCKS_PER_SM,
     F_TOP_P,
-    GROUP,
     MASS_SCALE,
     MODE_COMPACT,
     MODE_LINEAR,
@@ -69,16 +68,12 @@ from gpu.kernels.sampling_common import (
     block_share,
     claim_slot,
     fixed_mass,
+    group_loop,
     kept,
     last_block,
-    load_ahead,
-    load_group,
-    load_tail,
     mass_origin,
     row_bounds,
     warp_any,
-    whole_groups_end,
-    whole_pairs_end,
 )
 from gpu.kernels.sampling_histogram import (
     add_mass,
@@ -147,13 +142,15 @@ def compact_mass_select(row, mode, fparams, rowf, rowi, cand_val, lo, hi, hs, sc
 
 
 @device_function
-def digit_group(xs, base, stop, row, origin, min_bound, kth, scale, shift, bins, high_mask, prefix,
-                lo, hi, rowi, cand_val, cand_idx, full, use_mass, compacting, tail):  # fmt: skip
+def digit_group(xs, base, stop, args, state, tail):
     """One group of a row's scores, xs[u] at base + u * THREADS (only the last group, `tail`,
     has loads past `stop`): each kept score whose higher digits match the prefix counted (or
     its mass added) into its bin of this block's histogram; with `compacting`, every kept score
     of the prefix's top digit or above copied out. The warp votes once a group whether any
-    lane copies: most groups of a row copy nothing, and claim_slot is a ballot a score."""
+    lane copies: most groups of a row copy nothing, and claim_slot is a ballot a score. Its
+    work lands in shared and global memory: the loop's state passes through."""
+    (row, origin, min_bound, kth, scale, shift, bins, high_mask, prefix, lo, hi, rowi, cand_val,
+     cand_idx, full, use_mass, compacting) = args  # fmt: skip
     want = cuda.local.array(UNROLL, int32)
     wanted = False
     for u in range(UNROLL):
@@ -180,6 +177,10 @@ def digit_group(xs, base, stop, row, origin, min_bound, kth, scale, shift, bins,
             if want[u] != 0 and slot < capacity:
                 cand_val[row, slot] = xs[u]  # as stored: read * scale again
                 cand_idx[row, slot] = uint32(base + uint32(u * THREADS))
+    return state
+
+
+_digit_loop = group_loop(digit_group)
 
 
 @device_function
@@ -188,42 +189,11 @@ def scan_digit(
     hi, rowi, cand_val, cand_idx, full, use_mass, compacting,
 ):  # fmt: skip
     """One block's share of a radix digit over scores[start:end] (the row, or its copy once the
-    row is compact; `compacting` only over the row, whose indices are the token ids): whole
-    groups loaded at constant offsets from one address, the last one clamped (as the scores
-    pass's loop, sampling_scores.scan_scores)."""
-    xa = cuda.local.array(UNROLL, float32)
-    xb = cuda.local.array(UNROLL, float32)
-    whole = whole_groups_end(start, end)
-    stop = uint32(end)
-    base = uint32(start) + uint32(cuda.threadIdx.x)
-    pairs = whole_pairs_end(start, end)
-    if base < whole:
-        load_group(scores, base, xa)
-    while base < pairs:  # block-uniform (warp_any); two groups a turn (whole_pairs_end)
-        load_group(scores, uint32(base + uint32(GROUP)), xb)
-        digit_group(
-            xa, base, stop, row, origin, min_bound, kth, scale, shift, bins, high_mask, prefix, lo,
-            hi, rowi, cand_val, cand_idx, full, use_mass, compacting, False,
-        )  # fmt: skip
-        load_ahead(scores, uint32(base + uint32(2 * GROUP)), whole, xa)
-        digit_group(
-            xb, uint32(base + uint32(GROUP)), stop, row, origin, min_bound, kth, scale, shift,
-            bins, high_mask, prefix, lo, hi, rowi, cand_val, cand_idx, full, use_mass,
-            compacting, False,
-        )  # fmt: skip
-        base = uint32(base + uint32(2 * GROUP))
-    if base < whole:  # an odd whole group, loaded
-        digit_group(
-            xa, base, stop, row, origin, min_bound, kth, scale, shift, bins, high_mask, prefix, lo,
-            hi, rowi, cand_val, cand_idx, full, use_mass, compacting, False,
-        )  # fmt: skip
-        base = uint32(base + uint32(GROUP))
-    if whole < stop:  # the last, partial group
-        load_tail(scores, base, stop, xa)
-        digit_group(
-            xa, base, stop, row, origin, min_bound, kth, scale, shift, bins, high_mask, prefix, lo,
-            hi, rowi, cand_val, cand_idx, full, use_mass, compacting, True,
-        )  # fmt: skip
+    row is compact; `compacting` only over the row, whose indices are the token ids), in every
+    pass's loop (sampling_common.group_loop)."""
+    args = (row, origin, min_bound, kth, scale, shift, bins, high_mask, prefix, lo, hi, rowi,
+            cand_val, cand_idx, full, use_mass, compacting)  # fmt: skip
+    _digit_loop(scores, start, end, args, 0)
 
 
 def _radix_kernel(use_mass: bool):

@@ -89,10 +89,9 @@ from gpu.kernels.sampling_common import (
     UNROLL,
     finish_row,
     finite,
+    group_loop,
     last_block,
-    load_ahead,
     load_group,
-    load_tail,
     noisy_insert,
     noisy_offer,
     pack,
@@ -100,7 +99,6 @@ from gpu.kernels.sampling_common import (
     seed_block_best,
     shared_offset,
     whole_groups_end,
-    whole_pairs_end,
 )
 from gpu.kernels.sampling_histogram import clear_bins, find_bin, flush_bins, read_histogram
 
@@ -168,10 +166,11 @@ def take_group(xs, base, stop, inv_t, key, lo, noisy, cand, top, w1, w2, w3, off
 
 
 @device_function
-def scores_step(xs, base, stop, inv_t, key, lo, noisy, cand, top, offset, greedy, draws,
-                truncate, fold, tail):  # fmt: skip
+def scores_step(xs, base, stop, args, state, tail):
     """take_group on one group after the first, then the bar for the next: the block's best
     noisy score so far, or its third best (sampling_common.shared_offset)."""
+    inv_t, key, lo, noisy, greedy, draws, truncate, fold = args
+    cand, top, offset = state
     cand, top, _, _, _ = take_group(
         xs, base, stop, inv_t, key, lo, noisy, cand, top, NONE, NONE, NONE, offset, greedy, draws,
         truncate, fold, False, tail,
@@ -181,13 +180,14 @@ def scores_step(xs, base, stop, inv_t, key, lo, noisy, cand, top, offset, greedy
     return cand, top, offset
 
 
+_scores_loop = group_loop(scores_step)
+
+
 @device_function
 def scan_scores(scores, start, end, inv_t, key, lo, noisy, greedy, draws, truncate, fold):
     """One block's share of pass 1 over scores[start:end] (take_group on each group), as the
     constant flags ask: (cand, top); a drawing row's best noisy scores land in `noisy`. The
-    groups that lie wholly in the share load at constant offsets from one address
-    (sampling_common.load_group), two arrays in turn: the next group's loads in flight while
-    this one is scanned (load_ahead); the last partial group clamped.
+    groups go through every pass's loop (sampling_common.group_loop: loads ahead).
 
     A drawing row's first group offers every score to its thread's best n (no bar yet); the
     warp's best n of those (warp_best) go to the block's, whose n-th is the bar from then
@@ -196,50 +196,21 @@ def scan_scores(scores, start, end, inv_t, key, lo, noisy, greedy, draws, trunca
     cand = int64(NONE)  # greedy rows' argmax
     top = NEG_INF  # truncating rows' max: a float max, one instruction a score
     n = 3 if truncate else 1
-    xa = cuda.local.array(UNROLL, float32)
-    xb = cuda.local.array(UNROLL, float32)
-    whole = whole_groups_end(start, end)
-    stop = uint32(end)
     offset = -NEG_INF  # noisy_offer's: every score offered in full until the block has a bar
     first = start
-    if draws and uint32(start) + uint32(tid) < whole:  # (block-uniform, as below)
+    if draws and uint32(start) + uint32(tid) < whole_groups_end(start, end):  # (block-uniform)
+        xs = cuda.local.array(UNROLL, float32)
         base = uint32(start) + uint32(tid)
-        load_group(scores, base, xa)
+        load_group(scores, base, xs)
         cand, top, w1, w2, w3 = take_group(
-            xa, base, stop, inv_t, key, lo, noisy, cand, top, int64(NONE), int64(NONE),
+            xs, base, uint32(end), inv_t, key, lo, noisy, cand, top, int64(NONE), int64(NONE),
             int64(NONE), offset, greedy, draws, truncate, fold, True, False,
         )  # fmt: skip
         seed_block_best(noisy, w1, w2, w3, n)
         first = start + GROUP
         offset = shared_offset(noisy, n)
-    base = uint32(first) + uint32(tid)
-    pairs = whole_pairs_end(first, end)
-    if base < whole:
-        load_group(scores, base, xa)
-    while base < pairs:  # block-uniform (the first group's warp_best)
-        load_group(scores, uint32(base + uint32(GROUP)), xb)
-        cand, top, offset = scores_step(
-            xa, base, stop, inv_t, key, lo, noisy, cand, top, offset, greedy, draws, truncate,
-            fold, False,
-        )  # fmt: skip
-        load_ahead(scores, uint32(base + uint32(2 * GROUP)), whole, xa)
-        cand, top, offset = scores_step(
-            xb, uint32(base + uint32(GROUP)), stop, inv_t, key, lo, noisy, cand, top, offset,
-            greedy, draws, truncate, fold, False,
-        )  # fmt: skip
-        base = uint32(base + uint32(2 * GROUP))
-    if base < whole:  # an odd whole group, loaded
-        cand, top, offset = scores_step(
-            xa, base, stop, inv_t, key, lo, noisy, cand, top, offset, greedy, draws, truncate,
-            fold, False,
-        )  # fmt: skip
-        base = uint32(base + uint32(GROUP))
-    if whole < stop:  # the share's last group, partial
-        load_tail(scores, base, stop, xa)
-        cand, top, offset = scores_step(
-            xa, base, stop, inv_t, key, lo, noisy, cand, top, offset, greedy, draws, truncate,
-            fold, True,
-        )  # fmt: skip
+    args = (inv_t, key, lo, noisy, greedy, draws, truncate, fold)
+    cand, top, _ = _scores_loop(scores, first, end, args, (cand, top, offset))
     return cand, top
 
 
